@@ -1,0 +1,31 @@
+"""Sessions: tests, lint, typecheck, bench. Each installs what it needs into its own venv."""
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".[fast]", "mypy")
+    session.run("mypy", "tskv")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    session.install("-e", ".[fast]")
+    session.run("python", "-m", "tskv.bench", *session.posargs)

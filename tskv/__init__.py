@@ -1,0 +1,27 @@
+"""tskv: KV-cache events from an LLM scheduler over ZeroMQ, published from Trio, with replay."""
+
+from tskv.codec import WireError, codec_name, decode_batch, encode_batch
+from tskv.config import ConfigError, KVEventsConfig
+from tskv.endpoints import EndpointError, offset_endpoint_port
+from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.scheduler import drain_scheduler_kv_events, scheduler_kv_event_to_wire_event
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "ConfigError",
+    "EndpointError",
+    "KVEvent",
+    "KVEventBatch",
+    "KVEventsConfig",
+    "WireError",
+    "codec_name",
+    "decode_batch",
+    "drain_scheduler_kv_events",
+    "encode_batch",
+    "offset_endpoint_port",
+    "scheduler_kv_event_to_wire_event",
+]
+
+__version__ = "0.1.0"

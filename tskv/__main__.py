@@ -1,0 +1,5 @@
+import sys
+
+from tskv.cli import main
+
+sys.exit(main())
