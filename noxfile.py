@@ -14,14 +14,14 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[fast]", "mypy")
+    session.install("-e", ".[fast]", "mypy==2.4.1")
     session.run("mypy", "tskv")
 
 
