@@ -4,6 +4,12 @@ from tskv.codec import WireError, codec_name, decode_batch, encode_batch
 from tskv.config import ConfigError, KVEventsConfig
 from tskv.endpoints import EndpointError, offset_endpoint_port
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.publisher import (
+    Publisher,
+    PublisherClosedError,
+    PublisherStatistics,
+    open_publisher,
+)
 from tskv.scheduler import drain_scheduler_kv_events, scheduler_kv_event_to_wire_event
 
 __all__ = [
@@ -15,12 +21,16 @@ __all__ = [
     "KVEvent",
     "KVEventBatch",
     "KVEventsConfig",
+    "Publisher",
+    "PublisherClosedError",
+    "PublisherStatistics",
     "WireError",
     "codec_name",
     "decode_batch",
     "drain_scheduler_kv_events",
     "encode_batch",
     "offset_endpoint_port",
+    "open_publisher",
     "scheduler_kv_event_to_wire_event",
 ]
 

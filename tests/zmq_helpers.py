@@ -1,0 +1,72 @@
+"""Raw sockets for tests: a plain SUB and a DEALER replay client, each over tskv's Trio shim."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+import zmq
+
+from tskv import KVEventBatch, Publisher, decode_batch
+from tskv._trio_zmq import TrioSocket
+from tskv.frames import parse_live_message, parse_replay_reply, replay_request
+
+_names = itertools.count()
+
+
+def inproc_name(label: str) -> str:
+    """A fresh inproc endpoint, so tests never share one."""
+    return f"inproc://tskv-test-{label}-{next(_names)}"
+
+
+LOOPBACK = "tcp://127.0.0.1:*"  # binds loopback on a port the OS picks
+
+
+@asynccontextmanager
+async def raw_socket(kind: int, endpoint: str, bind: bool = False) -> AsyncIterator[TrioSocket]:
+    sock = zmq.Context.instance().socket(kind)
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.RCVHWM, 0)
+    wrapped = TrioSocket(sock)
+    try:
+        if bind:
+            sock.bind(endpoint)
+        else:
+            sock.connect(endpoint)
+        yield wrapped
+    finally:
+        wrapped.close()
+
+
+@asynccontextmanager
+async def subscribed(
+    publisher: Publisher, topic: bytes = b"", endpoint: str | None = None
+) -> AsyncIterator[TrioSocket]:
+    """A SUB on the publisher's endpoint whose subscription the publisher has seen."""
+    before = publisher.statistics().subscriptions
+    async with raw_socket(zmq.SUB, endpoint or publisher.endpoint) as sub:
+        sub.sock.setsockopt(zmq.SUBSCRIBE, topic)
+        if publisher.config.topic.encode().startswith(topic):
+            with trio.fail_after(10):
+                await publisher.wait_for_subscriber(before + 1)
+        yield sub
+
+
+async def receive_batch(sub: TrioSocket) -> tuple[bytes, int, KVEventBatch]:
+    with trio.fail_after(10):
+        topic, seq, payload = parse_live_message(await sub.receive())
+    return topic, seq, decode_batch(payload)
+
+
+async def request_replay(dealer: TrioSocket, start_seq: int) -> list[tuple[int, bytes]]:
+    """Ask for a replay and collect every reply up to the end marker."""
+    await dealer.send(replay_request(start_seq))
+    replies = []
+    with trio.fail_after(10):
+        while True:
+            reply = parse_replay_reply(await dealer.receive())
+            if reply.is_end:
+                return replies
+            replies.append((reply.seq, reply.payload))

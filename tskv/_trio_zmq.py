@@ -1,0 +1,121 @@
+"""A Trio face for one pyzmq socket, owned by one task.
+
+ZeroMQ signals readiness through one edge-like fd per socket: it becomes readable when the
+socket's EVENTS may have changed, and reading EVENTS re-arms it. So every operation is tried
+first with NOBLOCK, and only when it would block do we wait on the fd, re-reading EVENTS after
+each wake-up. Waiting before trying loses wake-ups when messages are already queued.
+
+Checkpoints follow Trio's socket methods: a cancellation check before, a shielded yield after a
+success, so each call is a full checkpoint and a cancelled call never sent or took a message.
+ZeroMQ multipart messages are atomic, so a message is either wholly sent or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import trio
+import zmq
+
+Frames = Sequence[Any]
+
+
+class TrioSocket:
+    """Async send and receive of whole multipart messages; one task per socket, always."""
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock = sock
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this ZeroMQ socket was closed")
+
+    async def wait(self, flag: int) -> None:
+        """Wait until EVENTS has `flag` (zmq.POLLIN or zmq.POLLOUT)."""
+        self._check_open()
+        while not cast(int, self.sock.getsockopt(zmq.EVENTS)) & flag:
+            try:
+                await trio.lowlevel.wait_readable(self._fd)
+            except trio.ClosedResourceError:
+                raise trio.ClosedResourceError(
+                    "this ZeroMQ socket was closed while a task was waiting on it"
+                ) from None
+            self._check_open()
+
+    def send_nowait(self, frames: Frames, copy: bool = True) -> None:
+        """Send a whole message now, or raise trio.WouldBlock having sent nothing."""
+        self._check_open()
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+
+    async def send(self, frames: Frames, copy: bool = True) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                self.send_nowait(frames, copy)
+            except trio.WouldBlock:
+                await self.wait(zmq.POLLOUT)
+            else:
+                break
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def receive_nowait(self) -> list[bytes]:
+        """Take a whole message now, or raise trio.WouldBlock having taken nothing."""
+        self._check_open()
+        try:
+            return self.sock.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+
+    async def receive(self) -> list[bytes]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                frames = self.receive_nowait()
+            except trio.WouldBlock:
+                await self.wait(zmq.POLLIN)
+            else:
+                break
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return frames
+
+    def close(self) -> None:
+        """Wake any waiter with ClosedResourceError, then close without lingering.
+
+        Linger 0: the default (-1) would make context termination hang on an absent peer.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        trio.lowlevel.notify_closing(self._fd)
+        self.sock.close(linger=0)
+
+
+def bound_endpoint(sock: zmq.Socket[bytes]) -> str:
+    """The address the socket really uses (a tcp port 0 or * resolved by the OS)."""
+    value = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def attach(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
+    """Bind or connect `sock` to `endpoint` and return the address really used."""
+    if "[" in endpoint or "::" in endpoint:
+        sock.setsockopt(zmq.IPV6, 1)
+    try:
+        if bind:
+            sock.bind(endpoint)
+        else:
+            sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        action = "bind" if bind else "connect"
+        raise OSError(exc.errno, f"cannot {action} {endpoint!r}: {exc.strerror}") from None
+    return bound_endpoint(sock) if bind else endpoint
