@@ -1,0 +1,33 @@
+"""The examples in docs/ run, and a plain pyzmq SUB decodes what they publish."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+
+
+def test_trio_scheduler_example_is_read_by_a_plain_pyzmq_sub() -> None:
+    publisher = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "trio_scheduler.py"), "tcp://127.0.0.1:*"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert publisher.stdout is not None
+        endpoint = publisher.stdout.readline().split()[0]
+        consumer = subprocess.run(
+            [sys.executable, str(EXAMPLES / "plain_sub.py"), endpoint, "6"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert publisher.wait(timeout=60) == 0
+    finally:
+        publisher.kill()
+    lines = consumer.stdout.splitlines()
+    assert lines == [f"{seq} 0 ['BlockStored']" for seq in range(5)] + [
+        "5 0 ['BlockRemoved', 'AllBlocksCleared']"
+    ], consumer.stderr
