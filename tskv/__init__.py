@@ -11,6 +11,9 @@ from tskv.publisher import (
     open_publisher,
 )
 from tskv.scheduler import drain_scheduler_kv_events, scheduler_kv_event_to_wire_event
+from tskv.sequencer import Loss, LossReason
+from tskv.subscriber import Subscriber, SubscriberStatistics, open_subscriber
+from tskv.threaded import EventPublisherFactory, NullEventPublisher, ZmqEventPublisher
 
 __all__ = [
     "AllBlocksCleared",
@@ -18,19 +21,27 @@ __all__ = [
     "BlockStored",
     "ConfigError",
     "EndpointError",
+    "EventPublisherFactory",
     "KVEvent",
     "KVEventBatch",
     "KVEventsConfig",
+    "Loss",
+    "LossReason",
+    "NullEventPublisher",
     "Publisher",
     "PublisherClosedError",
     "PublisherStatistics",
+    "Subscriber",
+    "SubscriberStatistics",
     "WireError",
+    "ZmqEventPublisher",
     "codec_name",
     "decode_batch",
     "drain_scheduler_kv_events",
     "encode_batch",
     "offset_endpoint_port",
     "open_publisher",
+    "open_subscriber",
     "scheduler_kv_event_to_wire_event",
 ]
 

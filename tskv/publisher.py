@@ -13,7 +13,7 @@ import errno
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 import attrs
@@ -104,6 +104,8 @@ class Publisher:
         # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
         # is set when the block is left, which bounds the drain.
         self._publish_scope = trio.CancelScope(shield=True)
+        # Called once per batch taken off the queue; the threaded facade counts its slots here.
+        self._on_dequeue: Callable[[], object] | None = None
 
     # -- the scheduler's side ---------------------------------------------------------------
 
@@ -158,7 +160,16 @@ class Publisher:
 
     # -- the publish task -------------------------------------------------------------------
 
+    def _queue_payload_nowait(self, payload: bytes) -> None:
+        """Queue an already encoded batch (the threaded facade encodes in its caller's thread)."""
+        try:
+            self._send.send_nowait(payload)
+        except trio.ClosedResourceError:
+            raise self._closed_error() from None
+
     async def _emit(self, payload: bytes) -> None:
+        if self._on_dequeue is not None:
+            self._on_dequeue()
         seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
         message = frames.live_message(self._topic, seq, payload)
         copy = len(payload) < ZERO_COPY_BYTES

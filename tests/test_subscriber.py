@@ -1,0 +1,244 @@
+"""The subscriber against real publishers and faults: nothing is lost silently."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+import zmq
+
+import tskv
+from tests.zmq_helpers import LOOPBACK, raw_socket
+from tskv import BlockRemoved, KVEventsConfig, Loss, LossReason
+from tskv.frames import live_message, parse_replay_request, replay_reply
+
+
+def events(n: int) -> list[tskv.KVEvent]:
+    return [BlockRemoved([n])]
+
+
+def payload(n: int, rank: int = 0) -> bytes:
+    return tskv.encode_batch(tskv.KVEventBatch(1.0, events(n), rank))
+
+
+async def test_live_batches_arrive_in_order_with_their_events() -> None:
+    cfg = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with (
+        tskv.open_publisher(cfg) as publisher,
+        tskv.open_subscriber(publisher.endpoint, publisher.replay_endpoint) as sub,
+    ):
+        with trio.fail_after(10):
+            await publisher.wait_for_subscriber()
+        for n in range(20):
+            await publisher.publish(events(n))
+        got = []
+        with trio.fail_after(10):
+            async for seq, batch in sub:
+                got.append((seq, batch.events))
+                if seq == 19:
+                    break
+        stats = sub.statistics()
+    assert got == [(n, tuple(events(n))) for n in range(20)]
+    assert (stats.received, stats.delivered, stats.lost, stats.repaired) == (20, 20, 0, 0)
+
+
+async def test_stalled_subscriber_gets_every_dropped_batch_back_from_replay() -> None:
+    count = 5000
+    # Big batches (about 4 kB), so the kernel's socket buffers cannot hide the stall.
+    tokens = list(range(1000, 2000))
+
+    def big(n: int) -> list[tskv.KVEvent]:
+        return [tskv.BlockStored([n], None, tokens, 16)]
+
+    cfg = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, hwm=20, buffer_steps=count)
+    losses: list[Loss] = []
+    async with (
+        tskv.open_publisher(cfg) as publisher,
+        tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, hwm=20, on_loss=losses.append
+        ) as sub,
+    ):
+        with trio.fail_after(10):
+            await publisher.wait_for_subscriber()
+        for n in range(count):  # the consumer is not iterating: its queues fill, ZeroMQ drops
+            await publisher.publish(big(n))
+        await trio.testing.wait_all_tasks_blocked()
+        assert publisher.statistics().published == count
+        seqs = []
+        with trio.fail_after(60):
+            async for seq, batch in sub:
+                assert batch.events == tuple(big(seq))
+                seqs.append(seq)
+                if seq == count - 1:
+                    break
+        stats = sub.statistics()
+    assert seqs == list(range(count))
+    assert stats.repaired > 0, "the stall should have made ZeroMQ drop some live batches"
+    assert stats.received + stats.repaired == count
+    assert losses == [] and stats.lost == 0
+
+
+async def test_late_joiner_with_start_seq_0_gets_the_buffer_then_live() -> None:
+    cfg = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(cfg) as publisher:
+        for n in range(50):  # nobody is listening yet
+            await publisher.publish(events(n))
+        async with tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, start_seq=0
+        ) as sub:
+            with trio.fail_after(10):
+                await publisher.wait_for_subscriber()
+            for n in range(50, 80):
+                await publisher.publish(events(n))
+            seqs = []
+            with trio.fail_after(10):
+                async for seq, batch in sub:
+                    assert batch.events == tuple(events(seq))
+                    seqs.append(seq)
+                    if seq == 79:
+                        break
+            stats = sub.statistics()
+    assert seqs == list(range(80))
+    assert stats.repaired >= 50 and stats.lost == 0
+
+
+async def test_evicted_batches_are_reported_through_on_loss() -> None:
+    cfg = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=10)
+    losses: list[Loss] = []
+    async with tskv.open_publisher(cfg) as publisher:
+        for n in range(30):
+            await publisher.publish(events(n))
+        async with tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, start_seq=0, on_loss=losses.append
+        ) as sub:
+            seqs = []
+            with trio.fail_after(10):
+                async for seq, _ in sub:
+                    seqs.append(seq)
+                    if seq == 29:
+                        break
+    assert losses == [Loss(0, 19, LossReason.EVICTED)]
+    assert seqs == list(range(20, 30))
+    assert sub.statistics().lost == 20
+
+
+async def test_publisher_restart_on_the_same_endpoint_is_reported() -> None:
+    losses: list[Loss] = []
+    # The subscriber binds loopback; each run of the publisher connects to it, as a restarted
+    # engine would.
+    async with tskv.open_subscriber(LOOPBACK, on_loss=losses.append) as sub:
+        assert sub.endpoint.startswith("tcp://127.0.0.1:") and "*" not in sub.endpoint
+        seqs = []
+        for run in range(2):
+            cfg = KVEventsConfig(endpoint=sub.endpoint)
+            async with tskv.open_publisher(cfg) as publisher:
+                with trio.fail_after(10):
+                    await publisher.wait_for_subscriber()
+                for n in range(3):
+                    await publisher.publish(events(run * 10 + n))
+                with trio.fail_after(10):
+                    for _ in range(3):
+                        seq, batch = await sub.__anext__()
+                        seqs.append((seq, batch.events[0]))
+        stats = sub.statistics()
+    assert [seq for seq, _ in seqs] == [0, 1, 2, 0, 1, 2]
+    assert [event for _, event in seqs] == [BlockRemoved([n]) for n in (0, 1, 2, 10, 11, 12)]
+    assert losses == [Loss(3, None, LossReason.RESTART, new_seq=0)]
+    assert stats.restarts == 1
+
+
+async def test_silent_replay_endpoint_is_a_loss_after_the_timeout_and_live_goes_on() -> None:
+    losses: list[Loss] = []
+    async with (
+        raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub,
+        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as silent,
+    ):
+        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        replay = silent.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        async with tskv.open_subscriber(
+            endpoint, replay, replay_timeout=0.3, on_loss=losses.append
+        ) as sub:
+            with trio.fail_after(10):
+                await pub.receive()  # the subscription has arrived
+            for seq in (0, 1, 3, 4):  # seq 2 never goes out
+                pub.send_nowait(live_message(b"", seq, payload(seq)))
+            seqs = []
+            with trio.fail_after(10):
+                async for seq, _ in sub:
+                    seqs.append(seq)
+                    if seq == 4:
+                        break
+            request = await silent.receive()  # it was asked, and said nothing
+            assert parse_replay_request(request)[1] == 2
+    assert seqs == [0, 1, 3, 4]
+    assert losses == [Loss(2, 2, LossReason.REPLAY_TIMEOUT)]
+
+
+async def test_vllm_replay_layout_with_topic_frame_is_accepted() -> None:
+    async with (
+        raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub,
+        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as router,
+    ):
+        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        replay = router.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        async with tskv.open_subscriber(endpoint, replay, topic="kv") as sub:
+            with trio.fail_after(10):
+                await pub.receive()
+            pub.send_nowait(live_message(b"kv", 0, payload(0)))
+            pub.send_nowait(live_message(b"kv", 3, payload(3)))
+
+            async def vllm_replay_server() -> None:
+                client, start = parse_replay_request(await router.receive())
+                assert start == 1
+                for seq in (1, 2):  # vLLM: [client, "", topic, seq, payload]
+                    message = replay_reply(client, seq, payload(seq))
+                    await router.send([message[0], b"", b"kv", *message[2:]])
+                await router.send([client, b"", b"kv", b"\xff" * 8, b""])
+
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(vllm_replay_server)
+                    seqs = [seq async for seq, _ in _take(sub, 4)]
+            stats = sub.statistics()
+    assert seqs == [0, 1, 2, 3]
+    assert stats.repaired == 2 and stats.lost == 0
+
+
+async def test_undecodable_payload_is_counted_and_reported_not_raised() -> None:
+    losses: list[Loss] = []
+    async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub:
+        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        async with tskv.open_subscriber(endpoint, on_loss=losses.append) as sub:
+            with trio.fail_after(10):
+                await pub.receive()
+            pub.send_nowait(live_message(b"", 0, payload(0)))
+            pub.send_nowait(live_message(b"", 1, b"\xc1 not msgpack"))
+            pub.send_nowait([b"", b"short", b"frames"])  # a seq frame of the wrong size
+            pub.send_nowait(live_message(b"", 2, payload(2)))
+            with trio.fail_after(10):
+                seqs = [seq async for seq, _ in _take(sub, 2)]
+            stats = sub.statistics()
+    assert seqs == [0, 2]
+    assert losses == [Loss(1, 1, LossReason.UNDECODABLE)]
+    assert stats.undecodable == 2
+
+
+async def _take(sub: tskv.Subscriber, n: int):  # type: ignore[no-untyped-def]
+    async for item in sub:
+        yield item
+        n -= 1
+        if n == 0:
+            return
+
+
+async def test_bad_arguments_are_refused_clearly() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="not a ZeroMQ address"):
+        async with tskv.open_subscriber("localhost:5557"):
+            pass
+    with pytest.raises(ValueError, match="start_seq = 3 needs a replay endpoint"):
+        async with tskv.open_subscriber("tcp://127.0.0.1:1", start_seq=3):
+            pass
+    with pytest.raises(ValueError, match="start_seq = -1"):
+        async with tskv.open_subscriber("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", start_seq=-1):
+            pass
