@@ -1,0 +1,116 @@
+"""`tskv listen`: the lines it prints, the gap it repairs, and how it ends."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import trio
+import zmq
+
+import tskv
+from tests.zmq_helpers import LOOPBACK, raw_socket
+from tskv import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+from tskv.frames import live_message, parse_replay_request, replay_end, replay_reply
+from tskv.listen import format_batch, listen
+
+
+def payload(seq: int) -> bytes:
+    events = [BlockStored([0xDEADBEEF00000000 + seq], None, [1, 2], 2), BlockRemoved([seq])]
+    return tskv.encode_batch(KVEventBatch(1_700_000_000.5, events, 2))
+
+
+def test_format_batch_is_one_readable_line() -> None:
+    batch = tskv.decode_batch(payload(7))
+    line = format_batch(7, batch)
+    assert line.startswith("seq=7 rank=2 ")
+    assert "stored=1 removed=1 cleared=0" in line
+    assert "+1[00000007]<-" in line and "-1[00000007]" in line
+
+
+async def test_listen_repairs_a_gap_made_on_purpose_and_shows_it() -> None:
+    out = io.StringIO()
+    async with (
+        raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub,
+        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as router,
+        trio.open_nursery() as nursery,
+    ):
+        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        replay = router.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+        async def replay_server() -> None:
+            client, start = parse_replay_request(await router.receive())
+            for seq in range(start, 3):  # seqs 1 and 2 are still in the buffer
+                await router.send(replay_reply(client, seq, payload(seq)))
+            await router.send(replay_end(client))
+
+        nursery.start_soon(replay_server)
+        nursery.start_soon(listen, endpoint, replay, "", None, True, out, None, 5)
+        with trio.fail_after(10):
+            await pub.receive()  # subscribed
+        for seq in (0, 3, 4):  # 1 and 2 are skipped on purpose
+            pub.send_nowait(live_message(b"", seq, payload(seq)))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["seq"] for line in lines] == [0, 1, 2, 3, 4]
+    assert lines[1]["events"][1] == {"type": "BlockRemoved", "block_hashes": [1]}
+    assert lines[1]["attn_dp_rank"] == 2
+
+
+async def test_listen_shows_a_loss_where_it_falls() -> None:
+    out = io.StringIO()
+    async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub, trio.open_nursery() as nursery:
+        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        nursery.start_soon(listen, endpoint, None, "", None, False, out, None, 2)
+        with trio.fail_after(10):
+            await pub.receive()
+        for seq in (0, 5):
+            pub.send_nowait(live_message(b"", seq, payload(seq)))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("seq=0 ")
+    assert lines[1] == "!! lost seq 1..4 (no-replay)"
+    assert lines[2].startswith("seq=5 ")
+
+
+def test_ctrl_c_ends_cleanly_with_a_summary() -> None:
+    publisher = ZmqEventPublisher(0, endpoint=LOOPBACK)
+    try:
+        listener = subprocess.Popen(
+            [sys.executable, "-m", "tskv", "listen", publisher.endpoint],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 20
+        while publisher.statistics().subscriptions < 1:  # sync test: poll the counter
+            assert time.monotonic() < deadline and listener.poll() is None
+            time.sleep(0.01)
+        for n in range(3):
+            publisher.publish(KVEventBatch(float(n), [BlockRemoved([n])]))
+        assert listener.stdout is not None
+        first = [listener.stdout.readline() for _ in range(3)]
+        listener.send_signal(signal.SIGINT)
+        _, err = listener.communicate(timeout=20)
+    finally:
+        publisher.shutdown()
+    assert [line.split()[0] for line in first] == ["seq=0", "seq=1", "seq=2"]
+    assert listener.returncode == 0
+    assert "tskv listen: 3 batches (0 repaired from replay), 0 lost" in err
+    assert "Traceback" not in err
+
+
+def test_bad_endpoint_exits_2_with_a_clear_message() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tskv", "listen", "localhost:5557"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "is not a ZeroMQ address" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "tskv", "listen", "tcp://127.0.0.1:1", "--from-seq", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "--from-seq needs --replay" in result.stderr

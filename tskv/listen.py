@@ -1,0 +1,133 @@
+"""`tskv listen`: tail a KV event stream, one line per batch, losses shown where they fall."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from typing import Any, TextIO
+
+import trio
+
+from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.sequencer import Loss, LossReason
+from tskv.subscriber import Subscriber, open_subscriber
+
+
+def short_hash(value: int) -> str:
+    """The last 8 hex digits of a hash as u64: enough to follow a chain by eye."""
+    return f"{value & 0xFFFF_FFFF:08x}"
+
+
+def _hash_range(hashes: tuple[int, ...]) -> str:
+    if not hashes:
+        return "[]"
+    if len(hashes) == 1:
+        return f"[{short_hash(hashes[0])}]"
+    return f"[{short_hash(hashes[0])}..{short_hash(hashes[-1])}]"
+
+
+def _describe(event: KVEvent) -> str:
+    if isinstance(event, BlockStored):
+        parent = "-" if event.parent_block_hash is None else short_hash(event.parent_block_hash)
+        return f"+{len(event.block_hashes)}{_hash_range(event.block_hashes)}<{parent}"
+    if isinstance(event, BlockRemoved):
+        return f"-{len(event.block_hashes)}{_hash_range(event.block_hashes)}"
+    return "clear"
+
+
+def format_batch(seq: int, batch: KVEventBatch, max_events: int = 4) -> str:
+    """`seq rank time counts: first events` — readable at a glance, greppable by seq."""
+    counts = Counter(type(event).__name__ for event in batch.events)
+    clock = time.strftime("%H:%M:%S", time.localtime(batch.ts)) + f".{int(batch.ts % 1 * 1000):03d}"
+    rank = "-" if batch.attn_dp_rank is None else str(batch.attn_dp_rank)
+    shown = " ".join(_describe(event) for event in batch.events[:max_events])
+    more = len(batch.events) - max_events
+    if more > 0:
+        shown += f" (+{more} more)"
+    return (
+        f"seq={seq} rank={rank} {clock} stored={counts['BlockStored']} "
+        f"removed={counts['BlockRemoved']} cleared={counts['AllBlocksCleared']}  {shown}"
+    )
+
+
+def _event_json(event: KVEvent) -> dict[str, Any]:
+    if isinstance(event, BlockStored):
+        return {
+            "type": "BlockStored",
+            "block_hashes": list(event.block_hashes),
+            "parent_block_hash": event.parent_block_hash,
+            "token_ids": list(event.token_ids),
+            "block_size": event.block_size,
+        }
+    if isinstance(event, BlockRemoved):
+        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes)}
+    assert isinstance(event, AllBlocksCleared)
+    return {"type": "AllBlocksCleared"}
+
+
+def batch_json(seq: int, batch: KVEventBatch) -> str:
+    return json.dumps(
+        {
+            "seq": seq,
+            "ts": batch.ts,
+            "attn_dp_rank": batch.attn_dp_rank,
+            "events": [_event_json(event) for event in batch.events],
+        }
+    )
+
+
+def format_loss(loss: Loss) -> str:
+    if loss.reason is LossReason.RESTART:
+        return f"!! publisher restarted: expected seq {loss.first_seq}, now at seq {loss.new_seq}"
+    return f"!! lost seq {loss.first_seq}..{loss.last_seq} ({loss.reason.value})"
+
+
+def loss_json(loss: Loss) -> str:
+    return json.dumps(
+        {
+            "loss": {
+                "first_seq": loss.first_seq,
+                "last_seq": loss.last_seq,
+                "reason": loss.reason.value,
+                "new_seq": loss.new_seq,
+            }
+        }
+    )
+
+
+def summary(sub: Subscriber) -> str:
+    s = sub.statistics()
+    return (
+        f"tskv listen: {s.delivered} batches ({s.repaired} repaired from replay), "
+        f"{s.lost} lost, {s.restarts} restarts, {s.undecodable} undecodable"
+    )
+
+
+async def listen(
+    endpoint: str,
+    replay_endpoint: str | None,
+    topic: str,
+    start_seq: int | None,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+    holder: list[Subscriber] | None = None,
+    limit: int | None = None,
+) -> None:
+    """Print every batch until cancelled (or `limit` batches); `holder` receives the subscriber."""
+
+    def on_loss(loss: Loss) -> None:
+        print(loss_json(loss) if as_json else format_loss(loss), file=out, flush=True)
+
+    async with open_subscriber(endpoint, replay_endpoint, topic, start_seq, on_loss=on_loss) as sub:
+        if holder is not None:
+            holder.append(sub)
+        count = 0
+        async for seq, batch in sub:
+            print(batch_json(seq, batch) if as_json else format_batch(seq, batch), file=out)
+            out.flush()
+            count += 1
+            if limit is not None and count >= limit:
+                return
+            await trio.lowlevel.checkpoint()
