@@ -32,6 +32,7 @@ def test_bind_or_connect(endpoint: str, binds: bool) -> None:
         ("inproc://kv", 2, "inproc://kv_dp2"),
         ("ipc:///tmp/kv", 0, "ipc:///tmp/kv"),
         ("tcp://*:65534", 1, "tcp://*:65535"),
+        ("tcp://127.0.0.1:*", 3, "tcp://127.0.0.1:*"),
     ],
 )
 def test_offset_endpoint_port(endpoint: str | None, rank: int, expected: str | None) -> None:
@@ -44,7 +45,7 @@ def test_offset_endpoint_port(endpoint: str | None, rank: int, expected: str | N
         ("ipc:///tmp/kv", 1, "cannot offset ipc endpoint"),
         ("tcp://*:65535", 1, "port 65536, past 65535"),
         ("tcp://*:5557", -1, "dp_rank = -1 must not be negative"),
-        ("tcp://*:*", 1, "no numeric port"),
+        ("tcp://*:abc", 1, "no numeric port"),
         ("tcp://localhost", 1, "no numeric port"),
         ("udp://*:5557", 1, "only tcp:// and inproc://"),
     ],

@@ -49,7 +49,8 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
     """The endpoint data-parallel rank `dp_rank` publishes on, so ranks never share a socket.
 
     Rank 0 and a missing endpoint are unchanged; inproc names get `_dp{rank}`; a tcp port gets
-    the rank added, except port 0, which stays 0 so the OS picks one per rank.
+    the rank added, except port 0 (or ZeroMQ's `*`, which means the same), which stays as it is
+    so the OS picks one per rank.
     """
     if isinstance(dp_rank, bool) or not isinstance(dp_rank, int):
         raise TypeError(f"dp_rank must be an int, got {dp_rank!r}")
@@ -70,6 +71,8 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
             "inproc:// endpoints can be offset by rank"
         )
     head, sep, port = endpoint.rpartition(":")
+    if sep and head != "tcp" and port == "*":
+        return endpoint
     if not sep or head == "tcp" or not port.isdigit():
         raise EndpointError(
             f"cannot offset endpoint {endpoint!r} for dp_rank {dp_rank}: it has no numeric "
