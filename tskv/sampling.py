@@ -7,6 +7,8 @@ choice is reproducible and no two choices share a stream.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
 SEED_LIMIT = 2**64
@@ -36,6 +38,14 @@ def resolve_sampling_seed(sampling_seed: int | None, legacy_seed: int | None) ->
     return chosen if chosen is not None else legacy
 
 
+def _seed_field(value: int | None) -> int | None:
+    return _check_seed(value, "seed")
+
+
+def _prompt(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 def _check_n(_: object, __: object, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"n = {value!r} must be an int of at least 1 (choices per request)")
@@ -45,7 +55,7 @@ def _check_n(_: object, __: object, value: int) -> None:
 class SamplingParams:
     """The part of a request that decides what it decodes: its seed and how many choices."""
 
-    seed: int | None = attrs.field(default=None, converter=lambda v: _check_seed(v, "seed"))
+    seed: int | None = attrs.field(default=None, converter=_seed_field)
     n: int = attrs.field(default=1, validator=_check_n)
 
 
@@ -54,7 +64,7 @@ class GenerateRequest:
     """One generation request: an id, its prompt's token ids, and how to sample."""
 
     rid: str
-    prompt_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    prompt_ids: tuple[int, ...] = attrs.field(converter=_prompt)
     sampling: SamplingParams = SamplingParams()
     max_new_tokens: int = 64
 

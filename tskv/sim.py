@@ -1,0 +1,305 @@
+"""A simulated LLM scheduler with a paged prefix cache: a realistic KV event source, no GPU.
+
+I/O-free and deterministic: the same workload seed and sampling seeds give the same events.
+What it models: prompts split into full blocks chained by TokenSpeed's hash; blocks shared
+between requests with a common prefix (system prompts, multi-turn conversations, the choices of
+an n > 1 request); decode tokens that fill further blocks, drawn from a PRNG seeded like the
+engine's sampler; a bounded cache evicting unreferenced blocks least-recently-used, leaves
+before their parents. What it does not: real attention, timing, preemption (a request whose
+next block finds the cache full of referenced blocks simply ends), or swapping to host memory.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections import deque
+from collections.abc import Iterator
+
+import attrs
+
+from tskv.block_hash import block_hash
+from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tskv.sampling import (
+    GenerateRequest,
+    SamplingParams,
+    fan_out,
+    resolve_sampling_seed,
+)
+
+VOCAB = 32_000
+
+
+@attrs.define
+class _Block:
+    parent: int | None
+    refs: int = 0
+    children: int = 0
+    last_used: int = 0
+
+
+class PrefixCache:
+    """`capacity` blocks of `block_size` tokens; every change is recorded as a KV event."""
+
+    def __init__(self, capacity: int, block_size: int) -> None:
+        if capacity < 1 or block_size < 1:
+            raise ValueError(f"capacity = {capacity} and block_size = {block_size} must be >= 1")
+        self.capacity = capacity
+        self.block_size = block_size
+        self.blocks: dict[int, _Block] = {}
+        self.events: list[KVEvent] = []
+        self._clock = 0
+        self.hits = 0
+        self.misses = 0
+
+    def _touch(self, block: _Block) -> None:
+        self._clock += 1
+        block.last_used = self._clock
+
+    def _evictable(self) -> Iterator[tuple[int, _Block]]:
+        return ((h, b) for h, b in self.blocks.items() if b.refs == 0 and b.children == 0)
+
+    def _evict_one(self) -> bool:
+        victim = min(self._evictable(), key=lambda item: item[1].last_used, default=None)
+        if victim is None:
+            return False
+        block_hash_, block = victim
+        del self.blocks[block_hash_]
+        if block.parent is not None and block.parent in self.blocks:
+            self.blocks[block.parent].children -= 1
+        self.events.append(BlockRemoved([block_hash_]))
+        return True
+
+    def room_for(self, count: int) -> bool:
+        """Make room for `count` new blocks by evicting, if the unreferenced blocks allow it."""
+        free = self.capacity - len(self.blocks)
+        if count <= free:
+            return True
+        unreferenced = sum(1 for block in self.blocks.values() if block.refs == 0)
+        if count > free + unreferenced:
+            return False
+        return all(self._evict_one() for _ in range(count - free))
+
+    def acquire(self, chain: list[tuple[int, tuple[int, ...]]], parent: int | None) -> bool:
+        """Reference the blocks of `chain` (hash, tokens) after `parent`, storing new ones.
+
+        Cached blocks always form a prefix of a chain (a parent outlives its children), so the
+        new ones are one run and go out as one BlockStored. False, with nothing held, if the
+        cache cannot make room.
+        """
+        cached = 0
+        while cached < len(chain) and chain[cached][0] in self.blocks:
+            cached += 1
+        new = chain[cached:]
+        for block_hash_, _ in chain[:cached]:
+            self.blocks[block_hash_].refs += 1  # held, so eviction below cannot take them
+        if not self.room_for(len(new)):
+            for block_hash_, _ in chain[:cached]:
+                self.blocks[block_hash_].refs -= 1
+            return False
+        for block_hash_, _ in chain[:cached]:
+            self._touch(self.blocks[block_hash_])
+        self.hits += cached
+        self.misses += len(new)
+        run_parent = chain[cached - 1][0] if cached else parent
+        previous = run_parent
+        for block_hash_, _ in new:
+            block = _Block(previous, refs=1)
+            self._touch(block)
+            self.blocks[block_hash_] = block
+            if previous is not None and previous in self.blocks:
+                self.blocks[previous].children += 1
+            previous = block_hash_
+        if new:
+            tokens = [token for _, block_tokens in new for token in block_tokens]
+            self.events.append(
+                BlockStored([h for h, _ in new], run_parent, tokens, self.block_size)
+            )
+        return True
+
+    def release(self, hashes: list[int]) -> None:
+        for block_hash_ in hashes:
+            self.blocks[block_hash_].refs -= 1
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.events.append(AllBlocksCleared())
+
+    def take_events(self) -> list[KVEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+@attrs.define
+class _Running:
+    """One choice being decoded: its tokens so far and the blocks it holds."""
+
+    request: GenerateRequest
+    conversation: int
+    rng: random.Random
+    tokens: list[int]
+    held: list[int]
+    generated: int = 0
+
+
+def decode_rng(request: GenerateRequest) -> random.Random:
+    """The choice's sampler: its seed, or the CRC32 of its id when it has none (as TokenSpeed)."""
+    seed = request.sampling.seed
+    return random.Random(seed if seed is not None else zlib.crc32(request.rid.encode()))
+
+
+class Simulator:
+    """One data-parallel rank's scheduler: `step()` runs a round and returns its events."""
+
+    def __init__(
+        self,
+        cache_blocks: int = 512,
+        block_size: int = 16,
+        tokens_per_round: int = 8,
+        max_running: int = 32,
+    ) -> None:
+        self.cache = PrefixCache(cache_blocks, block_size)
+        self.tokens_per_round = tokens_per_round
+        self.max_running = max_running
+        self.waiting: deque[tuple[GenerateRequest, int]] = deque()
+        self.running: list[_Running] = []
+        self.finished: list[tuple[int, GenerateRequest, list[int]]] = []  # conversation, tokens
+
+    def submit(self, request: GenerateRequest, conversation: int = -1) -> None:
+        """Queue a request; n > 1 becomes n choices that share the prompt's blocks."""
+        for choice in fan_out(request, request.sampling.n):
+            self.waiting.append((choice, conversation))
+
+    def _chain(
+        self, tokens: list[int], start_block: int, parent: int | None
+    ) -> list[tuple[int, tuple[int, ...]]]:
+        size = self.cache.block_size
+        chain = []
+        for index in range(start_block, len(tokens) // size):
+            block_tokens = tuple(tokens[index * size : (index + 1) * size])
+            parent = block_hash(block_tokens, parent)
+            chain.append((parent, block_tokens))
+        return chain
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_running:
+            request, conversation = self.waiting[0]
+            tokens = list(request.prompt_ids)
+            chain = self._chain(tokens, 0, None)
+            if not self.cache.acquire(chain, None):
+                break  # the cache is full of blocks in use: wait for a later round
+            self.waiting.popleft()
+            self.running.append(
+                _Running(request, conversation, decode_rng(request), tokens, [h for h, _ in chain])
+            )
+
+    def _decode(self, running: _Running) -> bool:
+        """Decode one round's tokens; False when the request is done."""
+        size = self.cache.block_size
+        budget = min(self.tokens_per_round, running.request.max_new_tokens - running.generated)
+        for _ in range(budget):
+            running.tokens.append(running.rng.randrange(VOCAB))
+            running.generated += 1
+            if len(running.tokens) % size == 0:
+                parent = running.held[-1] if running.held else None
+                chain = self._chain(running.tokens, len(running.tokens) // size - 1, parent)
+                if not self.cache.acquire(chain, parent):
+                    return False  # no room for the next block: the request ends here
+                running.held.append(chain[0][0])
+        return running.generated < running.request.max_new_tokens
+
+    def step(self) -> list[KVEvent]:
+        """One scheduling round: admit, prefill, decode, retire. Returns the round's events."""
+        self._admit()
+        still_running = []
+        for running in self.running:
+            if self._decode(running):
+                still_running.append(running)
+            else:
+                self.cache.release(running.held)
+                self.finished.append((running.conversation, running.request, running.tokens))
+        self.running = still_running
+        return self.cache.take_events()
+
+    def reset(self) -> list[KVEvent]:
+        """Drop every request and clear the cache, as an engine's cache reset does."""
+        self.running.clear()
+        self.waiting.clear()
+        self.cache.clear()
+        return self.cache.take_events()
+
+    def cached_hashes(self) -> frozenset[int]:
+        return frozenset(self.cache.blocks)
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.cache.hits + self.cache.misses
+        return self.cache.hits / total if total else 0.0
+
+
+class Workload:
+    """Seeded requests with shared prefixes: system prompts and conversations that go on.
+
+    `sampling_seed_offset` changes every sampling seed without touching anything else drawn,
+    so two runs differ only in what is decoded.
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        block_size: int = 16,
+        system_prompts: int = 4,
+        sampling_seed_offset: int = 0,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.sampling_seed_offset = sampling_seed_offset
+        self.system_prompts = [
+            [self.rng.randrange(VOCAB) for _ in range(block_size * self.rng.randint(2, 6))]
+            for _ in range(system_prompts)
+        ]
+        self.conversations: dict[int, list[int]] = {}  # id -> history so far
+        self.count = 0
+
+    def _seeds(self) -> tuple[int | None, int | None]:
+        kind = self.rng.random()
+        drawn = self.rng.getrandbits(63)
+        if kind < 0.4:
+            return (drawn + self.sampling_seed_offset) % 2**64, None
+        if kind < 0.6:
+            return None, (drawn + self.sampling_seed_offset) % 2**63
+        return None, None
+
+    def next_request(self) -> tuple[GenerateRequest, int]:
+        """A new request and the conversation it belongs to."""
+        self.count += 1
+        rid = f"req{self.count}"
+        user = [self.rng.randrange(VOCAB) for _ in range(self.rng.randint(8, 40))]
+        if self.conversations and self.rng.random() < 0.5:
+            conversation = self.rng.choice(sorted(self.conversations))
+            prompt = self.conversations[conversation] + user
+        else:
+            conversation = self.count
+            prompt = list(self.rng.choice(self.system_prompts)) + user
+        sampling_seed, legacy_seed = self._seeds()
+        n = 1 if self.rng.random() < 0.75 else self.rng.randint(2, 4)
+        max_new = self.rng.randint(16, 64)
+        seed = resolve_sampling_seed(sampling_seed, legacy_seed)
+        return GenerateRequest(rid, prompt, SamplingParams(seed, n), max_new), conversation
+
+    def conversation_went_on(self, conversation: int, tokens: list[int]) -> None:
+        """A turn finished: the next turn of this conversation starts from its tokens."""
+        if conversation >= 0:
+            self.conversations[conversation] = tokens[:2048]
+
+
+def run_round(sim: Simulator, workload: Workload, arrivals: int) -> list[KVEvent]:
+    """Submit `arrivals` new requests, run one round, and let conversations go on."""
+    for _ in range(arrivals):
+        request, conversation = workload.next_request()
+        sim.submit(request, conversation)
+    events = sim.step()
+    for conversation, request, tokens in sim.finished:
+        if request.rid.endswith("-0") or "-" not in request.rid:  # choice 0 carries the turn on
+            workload.conversation_went_on(conversation, tokens)
+    sim.finished.clear()
+    return events
