@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import trio
 
 import tskv
+from tskv.demo import SimOptions
 from tskv.endpoints import EndpointError, check_endpoint
 
 
@@ -51,7 +52,111 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-seq", type=_non_negative, help="fetch batches from this seq on from replay first"
     )
     listen.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run simulated schedulers, publishers and subscribers in one process and check "
+        "that nothing is lost",
+        description="Simulated schedulers publish their KV events on loopback; subscribers "
+        "rebuild each rank's cache from them; the run ends by checking the rebuilt caches "
+        "equal the schedulers' own (exit status 1 if not).",
+    )
+    _sim_flags(demo)
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="publish a simulated scheduler's KV events for an external consumer",
+        description="Run the simulated scheduler and publish its events until Ctrl-C or "
+        "--rounds, for a router or indexer under test.",
+    )
+    simulate.add_argument(
+        "--endpoint", type=_endpoint, default="tcp://*:5557", help="PUB endpoint (tcp://*:5557)"
+    )
+    simulate.add_argument("--replay-endpoint", type=_endpoint, help="replay ROUTER endpoint")
+    _sim_flags(simulate, rounds=None)
     return parser
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{number} must be positive")
+    return number
+
+
+def _positive(value: str) -> int:
+    number = _non_negative(value)
+    if number == 0:
+        raise argparse.ArgumentTypeError("0 is not allowed here; use at least 1")
+    return number
+
+
+def _sim_flags(parser: argparse.ArgumentParser, rounds: int | None = 300) -> None:
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument(
+        "--rounds",
+        type=_positive,
+        default=rounds,
+        help=f"scheduling rounds to run (default: {rounds or 'until Ctrl-C'})",
+    )
+    length.add_argument("--duration", type=_positive_float, help="seconds to run instead")
+    parser.add_argument(
+        "--requests-per-round", type=_non_negative, default=2, help="new requests per round (2)"
+    )
+    parser.add_argument("--block-size", type=_positive, default=16, help="tokens per block (16)")
+    parser.add_argument(
+        "--cache-blocks", type=_positive, default=512, help="blocks the prefix cache holds (512)"
+    )
+    parser.add_argument(
+        "--ranks",
+        type=_positive,
+        default=1,
+        help="data-parallel ranks, one scheduler and publisher each, ports offset by rank (1)",
+    )
+    parser.add_argument(
+        "--seed", type=_non_negative, default=0, help="workload seed: same seed, same stream (0)"
+    )
+    parser.add_argument(
+        "--round-interval",
+        type=_positive_float,
+        default=0.01,
+        help="seconds between scheduling rounds (0.01)",
+    )
+
+
+def _sim_options(args: argparse.Namespace) -> SimOptions:
+    return SimOptions(
+        rounds=None if args.duration is not None else args.rounds,
+        duration=args.duration,
+        requests_per_round=args.requests_per_round,
+        block_size=args.block_size,
+        cache_blocks=args.cache_blocks,
+        ranks=args.ranks,
+        seed=args.seed,
+        round_interval=args.round_interval,
+    )
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from tskv.demo import demo
+
+    try:
+        ok = trio.run(demo, _sim_options(args))
+    except KeyboardInterrupt:
+        print("\ntskv demo: interrupted", file=sys.stderr)
+        return 130
+    return 0 if ok else 1
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from tskv.demo import simulate
+
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a simulation cleanly
+        trio.run(simulate, _sim_options(args), args.endpoint, args.replay_endpoint)
+    return 0
 
 
 def _run_listen(args: argparse.Namespace) -> int:
@@ -82,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "listen":
         return _run_listen(args)
+    if args.command == "demo":
+        return _run_demo(args)
+    if args.command == "simulate":
+        return _run_simulate(args)
     parser.print_help()
     return 0
 

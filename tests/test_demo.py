@@ -1,0 +1,99 @@
+"""`tskv demo` closes the loop; `tskv simulate` feeds an external consumer."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+import tskv
+from tskv.demo import SimOptions, demo, simulate
+
+LOCAL = "tcp://127.0.0.1:*"
+
+
+async def test_demo_with_two_ranks_rebuilds_both_caches_exactly() -> None:
+    out = io.StringIO()
+    options = SimOptions(rounds=60, ranks=2, cache_blocks=64, block_size=4, round_interval=0.002)
+    assert await demo(options, out, live=False)
+    text = out.getvalue()
+    assert text.count(": EQUAL") == 2
+    assert "nothing was lost" in text
+    assert "rank 1: " in text
+
+
+async def test_demo_refuses_options_that_cannot_run() -> None:
+    with pytest.raises(ValueError, match="--ranks 0: must be at least 1"):
+        await demo(SimOptions(ranks=0), io.StringIO())
+
+
+async def test_simulate_feeds_a_consumer_that_joins_from_seq_0() -> None:
+    ready = trio.Event()
+    publishers: list[tskv.Publisher] = []
+
+    def on_ready(opened: list[tskv.Publisher]) -> None:
+        publishers.extend(opened)
+        ready.set()
+
+    out = io.StringIO()
+    options = SimOptions(rounds=None, duration=30, round_interval=0.005, seed=4)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(simulate, options, LOCAL, LOCAL, out, on_ready)
+        with trio.fail_after(10):
+            await ready.wait()
+        [publisher] = publishers
+        async with tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, start_seq=0
+        ) as sub:
+            seqs = []
+            with trio.fail_after(20):
+                async for seq, batch in sub:
+                    assert batch.attn_dp_rank == 0 and batch.events
+                    seqs.append(seq)
+                    if len(seqs) == 30:
+                        break
+        nursery.cancel_scope.cancel()
+    assert seqs == list(range(30))
+    assert "rank 0: publishing on tcp://127.0.0.1:" in out.getvalue()
+
+
+def test_simulate_ends_cleanly_on_ctrl_c() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tskv", "simulate", "--endpoint", LOCAL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().startswith("rank 0: publishing on tcp://127.0.0.1:")
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
+    assert "tskv simulate:" in out and "batches published" in out
+    assert "Traceback" not in err
+
+
+def test_demo_cli_exits_zero_and_help_explains_the_options() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "tskv", "demo", "--rounds", "30", "--round-interval", "0.002"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "nothing was lost" in run.stdout
+    helptext = subprocess.run(
+        [sys.executable, "-m", "tskv", "demo", "--help"], capture_output=True, text=True
+    ).stdout
+    for flag in ("--rounds", "--duration", "--requests-per-round", "--block-size"):
+        assert flag in helptext
+    for flag in ("--cache-blocks", "--ranks", "--seed"):
+        assert flag in helptext
+    bad = subprocess.run(
+        [sys.executable, "-m", "tskv", "demo", "--ranks", "0"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "use at least 1" in bad.stderr
