@@ -21,7 +21,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[fast]", "mypy==2.4.1", "exceptiongroup")
+    session.install("-e", ".[fast]", "mypy==2.4.1", "exceptiongroup", "pytest")
     session.run("mypy", "tskv")
 
 

@@ -27,6 +27,9 @@ def test_trio_scheduler_example_is_read_by_a_plain_pyzmq_sub() -> None:
         assert publisher.wait(timeout=60) == 0
     finally:
         publisher.kill()
+        publisher.wait()
+        if publisher.stdout is not None:
+            publisher.stdout.close()
     lines = consumer.stdout.splitlines()
     assert lines == [f"{seq} 0 ['BlockStored']" for seq in range(5)] + [
         "5 0 ['BlockRemoved', 'AllBlocksCleared']"

@@ -15,8 +15,9 @@ import zmq
 import tskv
 from tests.zmq_helpers import LOOPBACK, raw_socket
 from tskv import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
-from tskv.frames import live_message, parse_replay_request, replay_end, replay_reply
+from tskv.frames import live_message
 from tskv.listen import format_batch, listen
+from tskv.testing import ScriptedPublisher
 
 
 def payload(seq: int) -> bytes:
@@ -32,32 +33,35 @@ def test_format_batch_is_one_readable_line() -> None:
     assert "+1[00000007]<-" in line and "-1[00000007]" in line
 
 
-async def test_listen_repairs_a_gap_made_on_purpose_and_shows_it() -> None:
+async def test_listen_repairs_a_gap_made_on_purpose_and_shows_it(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
     out = io.StringIO()
-    async with (
-        raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub,
-        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as router,
-        trio.open_nursery() as nursery,
-    ):
-        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        replay = router.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-
-        async def replay_server() -> None:
-            client, start = parse_replay_request(await router.receive())
-            for seq in range(start, 3):  # seqs 1 and 2 are still in the buffer
-                await router.send(replay_reply(client, seq, payload(seq)))
-            await router.send(replay_end(client))
-
-        nursery.start_soon(replay_server)
-        nursery.start_soon(listen, endpoint, replay, "", None, True, out, None, 5)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            listen,
+            tskv_scripted.endpoint,
+            tskv_scripted.replay_endpoint,
+            "",
+            None,
+            True,
+            out,
+            None,
+            5,
+        )
         with trio.fail_after(10):
-            await pub.receive()  # subscribed
-        for seq in (0, 3, 4):  # 1 and 2 are skipped on purpose
-            pub.send_nowait(live_message(b"", seq, payload(seq)))
+            await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.rank = 2
+        tskv_scripted.send([BlockRemoved([0])])
+        for n in (1, 2):  # lost on the way on purpose; the replay buffer has them
+            tskv_scripted.drop([BlockRemoved([n])])
+        for n in (3, 4):
+            tskv_scripted.send([BlockRemoved([n])])
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [line["seq"] for line in lines] == [0, 1, 2, 3, 4]
-    assert lines[1]["events"][1] == {"type": "BlockRemoved", "block_hashes": [1]}
+    assert lines[1]["events"] == [{"type": "BlockRemoved", "block_hashes": [1]}]
     assert lines[1]["attn_dp_rank"] == 2
+    assert tskv_scripted.replay_requests == [1]
 
 
 async def test_listen_shows_a_loss_where_it_falls() -> None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import trio
 import trio.testing
-import zmq
 
 import tskv
-from tests.zmq_helpers import LOOPBACK, raw_socket
+from tests.zmq_helpers import LOOPBACK
 from tskv import BlockRemoved, KVEventsConfig, Loss, LossReason
-from tskv.frames import live_message, parse_replay_request, replay_reply
 
 
 def events(n: int) -> list[tskv.KVEvent]:
@@ -144,90 +142,6 @@ async def test_publisher_restart_on_the_same_endpoint_is_reported() -> None:
     assert [event for _, event in seqs] == [BlockRemoved([n]) for n in (0, 1, 2, 10, 11, 12)]
     assert losses == [Loss(3, None, LossReason.RESTART, new_seq=0)]
     assert stats.restarts == 1
-
-
-async def test_silent_replay_endpoint_is_a_loss_after_the_timeout_and_live_goes_on() -> None:
-    losses: list[Loss] = []
-    async with (
-        raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub,
-        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as silent,
-    ):
-        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        replay = silent.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        async with tskv.open_subscriber(
-            endpoint, replay, replay_timeout=0.3, on_loss=losses.append
-        ) as sub:
-            with trio.fail_after(10):
-                await pub.receive()  # the subscription has arrived
-            for seq in (0, 1, 3, 4):  # seq 2 never goes out
-                pub.send_nowait(live_message(b"", seq, payload(seq)))
-            seqs = []
-            with trio.fail_after(10):
-                async for seq, _ in sub:
-                    seqs.append(seq)
-                    if seq == 4:
-                        break
-            request = await silent.receive()  # it was asked, and said nothing
-            assert parse_replay_request(request)[1] == 2
-    assert seqs == [0, 1, 3, 4]
-    assert losses == [Loss(2, 2, LossReason.REPLAY_TIMEOUT)]
-
-
-async def test_vllm_replay_layout_with_topic_frame_is_accepted() -> None:
-    async with (
-        raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub,
-        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as router,
-    ):
-        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        replay = router.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        async with tskv.open_subscriber(endpoint, replay, topic="kv") as sub:
-            with trio.fail_after(10):
-                await pub.receive()
-            pub.send_nowait(live_message(b"kv", 0, payload(0)))
-            pub.send_nowait(live_message(b"kv", 3, payload(3)))
-
-            async def vllm_replay_server() -> None:
-                client, start = parse_replay_request(await router.receive())
-                assert start == 1
-                for seq in (1, 2):  # vLLM: [client, "", topic, seq, payload]
-                    message = replay_reply(client, seq, payload(seq))
-                    await router.send([message[0], b"", b"kv", *message[2:]])
-                await router.send([client, b"", b"kv", b"\xff" * 8, b""])
-
-            with trio.fail_after(10):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(vllm_replay_server)
-                    seqs = [seq async for seq, _ in _take(sub, 4)]
-            stats = sub.statistics()
-    assert seqs == [0, 1, 2, 3]
-    assert stats.repaired == 2 and stats.lost == 0
-
-
-async def test_undecodable_payload_is_counted_and_reported_not_raised() -> None:
-    losses: list[Loss] = []
-    async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub:
-        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        async with tskv.open_subscriber(endpoint, on_loss=losses.append) as sub:
-            with trio.fail_after(10):
-                await pub.receive()
-            pub.send_nowait(live_message(b"", 0, payload(0)))
-            pub.send_nowait(live_message(b"", 1, b"\xc1 not msgpack"))
-            pub.send_nowait([b"", b"short", b"frames"])  # a seq frame of the wrong size
-            pub.send_nowait(live_message(b"", 2, payload(2)))
-            with trio.fail_after(10):
-                seqs = [seq async for seq, _ in _take(sub, 2)]
-            stats = sub.statistics()
-    assert seqs == [0, 2]
-    assert losses == [Loss(1, 1, LossReason.UNDECODABLE)]
-    assert stats.undecodable == 2
-
-
-async def _take(sub: tskv.Subscriber, n: int):  # type: ignore[no-untyped-def]
-    async for item in sub:
-        yield item
-        n -= 1
-        if n == 0:
-            return
 
 
 async def test_bad_arguments_are_refused_clearly() -> None:

@@ -1,0 +1,173 @@
+"""The subscriber through every fault, driven by tskv's own pytest fixtures (tskv.testing)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import tskv
+from tskv import BlockRemoved, BlockStored, Loss, LossReason
+from tskv.testing import ScriptedPublisher, ScriptedPublisherThread, SimulatedStream
+
+
+def ev(n: int) -> list[tskv.KVEvent]:
+    return [BlockRemoved([n])]
+
+
+async def take(sub: tskv.Subscriber, count: int) -> list[int]:
+    seqs = []
+    with trio.fail_after(10):
+        async for seq, _ in sub:
+            seqs.append(seq)
+            if len(seqs) == count:
+                break
+    return seqs
+
+
+async def test_dropped_batches_come_back_from_replay(tskv_scripted: ScriptedPublisher) -> None:
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.drop(ev(1))
+        tskv_scripted.drop(ev(2))
+        tskv_scripted.send(ev(3))
+        assert await take(sub, 4) == [0, 1, 2, 3]
+    assert losses == [] and sub.statistics().repaired == 2
+    assert tskv_scripted.replay_requests == [1]
+
+
+async def test_a_buffer_that_no_longer_covers_the_gap_is_a_loss(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.skip(3)  # seqs 1..3: gone from the buffer
+        tskv_scripted.drop(ev(4))
+        tskv_scripted.send(ev(5))
+        assert await take(sub, 3) == [0, 4, 5]
+    assert losses == [Loss(1, 3, LossReason.EVICTED)]
+
+
+async def test_a_restart_is_reported_and_delivery_goes_on(tskv_scripted: ScriptedPublisher) -> None:
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(tskv_scripted.endpoint, on_loss=losses.append) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        for n in range(3):
+            tskv_scripted.send(ev(n))
+        tskv_scripted.restart()
+        tskv_scripted.send(ev(100))
+        assert await take(sub, 4) == [0, 1, 2, 0]
+    assert losses == [Loss(3, None, LossReason.RESTART, new_seq=0)]
+
+
+async def test_a_corrupt_payload_is_reported_not_raised(tskv_scripted: ScriptedPublisher) -> None:
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(tskv_scripted.endpoint, on_loss=losses.append) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.send_corrupt()
+        tskv_scripted.send(ev(2))
+        assert await take(sub, 2) == [0, 2]
+    assert losses == [Loss(1, 1, LossReason.UNDECODABLE)]
+    assert sub.statistics().undecodable == 1
+
+
+async def test_a_late_replay_still_repairs(tskv_scripted: ScriptedPublisher) -> None:
+    tskv_scripted.replay_delay = 0.3
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint, tskv_scripted.replay_endpoint, replay_timeout=5
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.drop(ev(1))
+        tskv_scripted.send(ev(2))
+        assert await take(sub, 3) == [0, 1, 2]
+    assert sub.statistics().lost == 0
+
+
+async def test_a_silent_replay_is_a_loss_after_the_timeout(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    tskv_scripted.replay_mode = "never"
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint,
+        tskv_scripted.replay_endpoint,
+        replay_timeout=0.3,
+        on_loss=losses.append,
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.drop(ev(1))
+        tskv_scripted.send(ev(2))
+        tskv_scripted.send(ev(3))
+        assert await take(sub, 3) == [0, 2, 3]
+    assert losses == [Loss(1, 1, LossReason.REPLAY_TIMEOUT)]
+    assert tskv_scripted.replay_requests == [1]
+
+
+@pytest.mark.parametrize("layout", ["tokenspeed", "vllm"])
+async def test_both_replay_layouts_repair(tskv_scripted: ScriptedPublisher, layout: str) -> None:
+    tskv_scripted.replay_layout = layout  # type: ignore[assignment]
+    async with tskv.open_subscriber(tskv_scripted.endpoint, tskv_scripted.replay_endpoint) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        for n in (1, 2):
+            tskv_scripted.drop(ev(n))
+        tskv_scripted.send(ev(3))
+        assert await take(sub, 4) == [0, 1, 2, 3]
+    assert sub.statistics().repaired == 2
+
+
+@pytest.mark.tskv_stream(seed=5, rounds=80, cache_blocks=64, block_size=4)
+async def test_the_simulated_stream_rebuilds_the_final_cache(tskv_stream: SimulatedStream) -> None:
+    blocks: set[int] = set()
+    async with tskv.open_subscriber(tskv_stream.endpoint, tskv_stream.replay_endpoint) as sub:
+        await tskv_stream.play()
+        with trio.fail_after(20):
+            async for seq, batch in sub:
+                assert list(batch.events) == tskv_stream.batches[seq]
+                for event in batch.events:
+                    if isinstance(event, BlockStored):
+                        blocks.update(event.block_hashes)
+                    elif isinstance(event, BlockRemoved):
+                        blocks.difference_update(event.block_hashes)
+                    else:
+                        blocks.clear()
+                if seq == len(tskv_stream.batches) - 1:
+                    break
+    assert blocks == tskv_stream.final_blocks and blocks
+
+
+def test_sync_fixture_drives_a_consumer_in_another_thread(
+    tskv_scripted_sync: ScriptedPublisherThread,
+) -> None:
+    tskv_scripted_sync.replay_layout = "vllm"
+    losses: list[Loss] = []
+
+    async def consume() -> list[int]:  # a consumer with its own event loop, as in a real app
+        async with tskv.open_subscriber(
+            tskv_scripted_sync.endpoint, tskv_scripted_sync.replay_endpoint, on_loss=losses.append
+        ) as sub:
+            await trio.to_thread.run_sync(script)
+            return await take(sub, 5)
+
+    def script() -> None:  # plain blocking calls, as from any sync test
+        tskv_scripted_sync.wait_for_subscriber()
+        tskv_scripted_sync.send(ev(0))
+        tskv_scripted_sync.drop(ev(1))
+        tskv_scripted_sync.send(ev(2))
+        tskv_scripted_sync.skip()
+        tskv_scripted_sync.send(ev(4))
+        tskv_scripted_sync.send_corrupt()
+        tskv_scripted_sync.send(ev(6))
+
+    assert trio.run(consume) == [0, 1, 2, 4, 6]
+    assert losses == [Loss(3, 3, LossReason.EVICTED), Loss(5, 5, LossReason.UNDECODABLE)]

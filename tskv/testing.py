@@ -1,0 +1,370 @@
+"""Test helpers: a real KV event stream, and the faults consumers must survive.
+
+Every helper exists twice: an async context manager for Trio tests, and a blocking twin for
+plain synchronous tests, whose Trio loop runs on a thread of its own (so consumers written with
+threads or asyncio are testable). `tskv.pytest_plugin` turns them into fixtures.
+
+- `open_scripted_publisher()` / `ScriptedPublisherThread`: the test says, batch by batch, what
+  goes out live, what only the replay buffer holds, which seqs are skipped, when the sequence
+  restarts, which payload is corrupt, and whether replay answers, late or never, in TokenSpeed's
+  or vLLM's layout.
+- `open_simulated_stream()` / `SimulatedStreamThread`: the simulated scheduler's deterministic
+  stream for a workload seed, with the batches and final cache a consumer should end up with.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Literal, TypeVar
+
+import attrs
+import trio
+import zmq
+
+from tskv import frames
+from tskv._errors import unwrap_single_exception
+from tskv._trio_zmq import TrioSocket, attach
+from tskv.codec import encode_batch
+from tskv.config import KVEventsConfig
+from tskv.events import KVEvent, KVEventBatch
+from tskv.publisher import Publisher, open_publisher
+from tskv.sim import Simulator, Workload, run_round
+
+LOOPBACK = "tcp://127.0.0.1:*"
+CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
+ReplayLayout = Literal["tokenspeed", "vllm"]
+ReplayMode = Literal["answer", "never"]
+T = TypeVar("T")
+
+
+class ScriptedPublisher:
+    """A publisher that does exactly what the test says, on real loopback sockets.
+
+    Settings (change them at any time): `replay_mode` ("answer" or "never"), `replay_delay`
+    (seconds before each answer starts), `replay_layout` ("tokenspeed": `["", seq, payload]`,
+    or "vllm": `["", topic, seq, payload]`). `replay_requests` lists the start seqs asked for.
+    """
+
+    def __init__(self, pub: TrioSocket, endpoint: str, topic: str, rank: int) -> None:
+        self.endpoint = endpoint
+        self.replay_endpoint = ""
+        self.topic = topic
+        self.rank = rank
+        self.next_seq = 0
+        self.buffer: dict[int, bytes] = {}  # what replay can give back, by seq
+        self.replay_mode: ReplayMode = "answer"
+        self.replay_delay = 0.0
+        self.replay_layout: ReplayLayout = "tokenspeed"
+        self.replay_requests: list[int] = []
+        self._pub = pub
+        self._subscribed = False
+
+    def payload(self, events: Iterable[KVEvent], ts: float = 1.0) -> bytes:
+        return encode_batch(KVEventBatch(ts, events, self.rank))
+
+    async def wait_for_subscriber(self) -> None:
+        """Wait until a subscription for this topic has arrived (the slow-joiner problem)."""
+        while not self._subscribed:
+            message = await self._pub.receive()
+            if message[0][:1] == b"\x01" and self.topic.encode().startswith(message[0][1:]):
+                self._subscribed = True
+
+    def _take(self, seq: int | None) -> int:
+        if seq is None:
+            seq = self.next_seq
+        self.next_seq = seq + 1
+        return seq
+
+    def _send_live(self, seq: int, payload: bytes) -> None:
+        self._pub.send_nowait(frames.live_message(self.topic.encode(), seq, payload))
+
+    def send(
+        self, events: Iterable[KVEvent], *, seq: int | None = None, payload: bytes | None = None
+    ) -> int:
+        """Publish a batch live and keep it for replay; returns its seq."""
+        seq = self._take(seq)
+        body = payload if payload is not None else self.payload(events)
+        self.buffer[seq] = body
+        self._send_live(seq, body)
+        return seq
+
+    def drop(self, events: Iterable[KVEvent]) -> int:
+        """A batch lost on the way: only the replay buffer has it (a gap replay can repair)."""
+        seq = self._take(None)
+        self.buffer[seq] = self.payload(events)
+        return seq
+
+    def skip(self, count: int = 1) -> range:
+        """Seqs neither sent nor kept: evicted from the buffer before anyone asked."""
+        start = self.next_seq
+        self.next_seq += count
+        return range(start, self.next_seq)
+
+    def evict(self, below: int) -> None:
+        """Forget buffered batches older than `below`, as a full replay buffer does."""
+        for seq in [seq for seq in self.buffer if seq < below]:
+            del self.buffer[seq]
+
+    def send_corrupt(self, payload: bytes = CORRUPT_PAYLOAD) -> int:
+        """A batch whose payload does not decode, live and in the buffer."""
+        return self.send((), payload=payload)
+
+    def restart(self) -> None:
+        """A new publisher on the same endpoints: seqs start again at 0, the buffer is empty."""
+        self.next_seq = 0
+        self.buffer.clear()
+
+    async def _serve_replay(self, router: TrioSocket) -> None:
+        while True:
+            message = await router.receive()
+            try:
+                client, start = frames.parse_replay_request(message)
+            except frames.FrameError:
+                continue
+            self.replay_requests.append(start)
+            if self.replay_mode == "never":
+                continue
+            await trio.sleep(self.replay_delay)
+            for seq in sorted(seq for seq in self.buffer if seq >= start):
+                reply = frames.replay_reply(client, seq, self.buffer[seq])
+                await router.send(self._layout(reply))
+            await router.send(self._layout(frames.replay_end(client)))
+
+    def _layout(self, reply: list[bytes]) -> list[bytes]:
+        if self.replay_layout == "vllm":
+            return [reply[0], b"", self.topic.encode(), *reply[2:]]
+        return reply
+
+
+def _socket(kind: int) -> tuple[TrioSocket, str]:
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(kind)
+    if kind == zmq.XPUB:
+        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    try:
+        address = attach(sock, LOOPBACK, bind=True)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return TrioSocket(sock), address
+
+
+@asynccontextmanager
+async def open_scripted_publisher(
+    topic: str = "", rank: int = 0, replay: bool = True
+) -> AsyncIterator[ScriptedPublisher]:
+    """A `ScriptedPublisher` on loopback ports the OS picks, with a replay endpoint unless
+    `replay=False`."""
+    pub, endpoint = _socket(zmq.XPUB)
+    router: TrioSocket | None = None
+    try:
+        scripted = ScriptedPublisher(pub, endpoint, topic, rank)
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                if replay:
+                    router, scripted.replay_endpoint = _socket(zmq.ROUTER)
+                    nursery.start_soon(scripted._serve_replay, router)
+                try:
+                    yield scripted
+                finally:
+                    nursery.cancel_scope.cancel()
+    finally:
+        pub.close()
+        if router is not None:
+            router.close()
+
+
+@attrs.define
+class SimulatedStream:
+    """The simulated scheduler's stream for one workload seed, and what a consumer should see.
+
+    `batches[seq]` are the events of batch `seq` (rounds with no events publish nothing), and
+    `final_blocks` is the scheduler's cache at the end: a consumer that applied every batch
+    holds exactly these blocks.
+    """
+
+    publisher: Publisher
+    batches: list[list[KVEvent]]
+    final_blocks: frozenset[int]
+
+    @property
+    def endpoint(self) -> str:
+        return self.publisher.endpoint
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        return self.publisher.replay_endpoint
+
+    async def play(self, wait_for_subscriber: bool = True) -> None:
+        """Publish every batch, after a subscriber has joined unless told not to wait."""
+        if wait_for_subscriber:
+            await self.publisher.wait_for_subscriber()
+        for events in self.batches:
+            await self.publisher.publish(events)
+
+
+def simulated_batches(
+    seed: int,
+    rounds: int,
+    requests_per_round: int = 2,
+    block_size: int = 16,
+    cache_blocks: int = 256,
+) -> tuple[list[list[KVEvent]], frozenset[int]]:
+    """The batches a seeded simulated scheduler emits in `rounds` rounds, and its final cache."""
+    sim = Simulator(cache_blocks, block_size)
+    workload = Workload(seed, block_size)
+    batches = [run_round(sim, workload, requests_per_round) for _ in range(rounds)]
+    return [events for events in batches if events], sim.cached_hashes()
+
+
+@asynccontextmanager
+async def open_simulated_stream(
+    seed: int = 0,
+    rounds: int = 100,
+    requests_per_round: int = 2,
+    block_size: int = 16,
+    cache_blocks: int = 256,
+    topic: str = "",
+) -> AsyncIterator[SimulatedStream]:
+    """A real publisher on loopback (with replay) ready to play the seed's stream."""
+    batches, final = simulated_batches(seed, rounds, requests_per_round, block_size, cache_blocks)
+    config = KVEventsConfig(
+        endpoint=LOOPBACK,
+        replay_endpoint=LOOPBACK,
+        topic=topic,
+        buffer_steps=max(len(batches), 1),
+    )
+    async with open_publisher(config) as publisher:
+        yield SimulatedStream(publisher, batches, final)
+
+
+class _TrioThread:
+    """Runs an async context manager in a Trio loop on its own thread, for sync tests."""
+
+    def __init__(self, opener: Callable[[], AbstractAsyncContextManager[Any]], name: str) -> None:
+        self._opener = opener
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self.value: Any = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    async def _main(self) -> None:
+        try:
+            async with self._opener() as value:
+                self.value = value
+                self._token = trio.lowlevel.current_trio_token()
+                self._stop = trio.Event()
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:
+            if self._ready.is_set():
+                raise
+            self._error = exc
+            self._ready.set()
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run an async function in the loop's thread and wait for its result."""
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def close(self) -> None:
+        if self._stop is not None and self._thread.is_alive():
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(10)
+
+
+class ScriptedPublisherThread:
+    """`ScriptedPublisher` for synchronous tests: the same methods, blocking."""
+
+    def __init__(self, topic: str = "", rank: int = 0, replay: bool = True) -> None:
+        self._loop = _TrioThread(
+            lambda: open_scripted_publisher(topic, rank, replay), "tskv-scripted-publisher"
+        )
+        self.scripted: ScriptedPublisher = self._loop.value
+
+    def __enter__(self) -> ScriptedPublisherThread:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._loop.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Settings and read-only state (endpoints, replay_requests, next_seq) pass through.
+        return getattr(self.scripted, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("replay_mode", "replay_delay", "replay_layout"):
+            self._loop.run_sync(setattr, self.scripted, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def wait_for_subscriber(self, timeout: float = 10.0) -> None:
+        async def wait() -> None:
+            with trio.fail_after(timeout):
+                await self.scripted.wait_for_subscriber()
+
+        self._loop.run(wait)
+
+    def send(
+        self, events: Iterable[KVEvent], *, seq: int | None = None, payload: bytes | None = None
+    ) -> int:
+        return self._loop.run_sync(lambda: self.scripted.send(events, seq=seq, payload=payload))
+
+    def drop(self, events: Iterable[KVEvent]) -> int:
+        return self._loop.run_sync(self.scripted.drop, events)
+
+    def skip(self, count: int = 1) -> range:
+        return self._loop.run_sync(self.scripted.skip, count)
+
+    def evict(self, below: int) -> None:
+        self._loop.run_sync(self.scripted.evict, below)
+
+    def send_corrupt(self, payload: bytes = CORRUPT_PAYLOAD) -> int:
+        return self._loop.run_sync(self.scripted.send_corrupt, payload)
+
+    def restart(self) -> None:
+        self._loop.run_sync(self.scripted.restart)
+
+
+class SimulatedStreamThread:
+    """`SimulatedStream` for synchronous tests; `play()` blocks until every batch is queued."""
+
+    def __init__(self, **options: Any) -> None:
+        self._loop = _TrioThread(lambda: open_simulated_stream(**options), "tskv-simulated-stream")
+        self.stream: SimulatedStream = self._loop.value
+        self.batches = self.stream.batches
+        self.final_blocks = self.stream.final_blocks
+        self.endpoint = self.stream.endpoint
+        self.replay_endpoint = self.stream.replay_endpoint
+
+    def __enter__(self) -> SimulatedStreamThread:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def play(self, wait_for_subscriber: bool = True, timeout: float = 30.0) -> None:
+        async def play() -> None:
+            with trio.fail_after(timeout):
+                await self.stream.play(wait_for_subscriber)
+
+        self._loop.run(play)
+
+    def close(self) -> None:
+        self._loop.close()
