@@ -34,3 +34,21 @@ def test_trio_scheduler_example_is_read_by_a_plain_pyzmq_sub() -> None:
     assert lines == [f"{seq} 0 ['BlockStored']" for seq in range(5)] + [
         "5 0 ['BlockRemoved', 'AllBlocksCleared']"
     ], consumer.stderr
+
+
+def test_the_testing_guide_example_passes_in_a_project_of_its_own(tmp_path: Path) -> None:
+    # A scratch project: only the example file and a bare pytest config, tskv's plugin loaded
+    # through its entry point as it is for any project that installs tskv.
+    (tmp_path / "test_consumer_faults.py").write_text(
+        (EXAMPLES / "test_consumer_faults.py").read_text()
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "9 passed" in result.stdout
