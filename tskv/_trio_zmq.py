@@ -20,6 +20,10 @@ import zmq
 
 Frames = Sequence[Any]
 
+# Plain ints: combining pyzmq's enum flags per frame costs more than the send on a hot path.
+_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+_LAST = int(zmq.NOBLOCK)
+
 
 class TrioSocket:
     """Async send and receive of whole multipart messages; one task per socket, always."""
@@ -52,10 +56,17 @@ class TrioSocket:
     def send_nowait(self, frames: Frames, copy: bool = True) -> None:
         """Send a whole message now, or raise trio.WouldBlock having sent nothing."""
         self._check_open()
+        send = self.sock.send
+        last = len(frames) - 1
         try:
-            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+            # Only the first frame can be refused: ZeroMQ takes the rest of a message it began.
+            send(frames[0], _MORE if last else _LAST, copy=copy)
         except zmq.Again:
             raise trio.WouldBlock from None
+        for index in range(1, last):
+            send(frames[index], _MORE, copy=copy)
+        if last:
+            send(frames[last], _LAST, copy=copy)
 
     async def send(self, frames: Frames, copy: bool = True) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()

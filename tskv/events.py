@@ -68,8 +68,8 @@ def _block_hashes(values: Iterable[int]) -> tuple[int, ...]:
 
 
 def _parent_hash(value: int | None) -> int | None:
-    if value is None:
-        return None
+    if value is None or (type(value) is int and HASH_MIN <= value < HASH_LIMIT):
+        return value
     return _int_tuple("parent_block_hash", (value,), HASH_MIN, HASH_LIMIT)[0]
 
 

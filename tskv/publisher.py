@@ -36,6 +36,8 @@ SEND_BURST = 1024  # batches sent between two checkpoints of the publish task
 REPLAY_SLICE = 64  # replies sent to one client before the replay task yields
 ZERO_COPY_BYTES = 65536  # pyzmq copies smaller frames anyway; zero-copy pays above this
 REPLAY_BACKOFF = 0.001  # a ROUTER may report POLLOUT while a slow client's pipe is full
+YIELD_EVERY = 64  # publish() yields to other tasks at least this often...
+YIELD_AFTER = 0.0005  # ...and at least this often (seconds), whichever comes first
 
 
 class PublisherClosedError(trio.ClosedResourceError):
@@ -99,6 +101,8 @@ class Publisher:
         self._batches_replayed = 0
         self._invalid_requests = 0
         self._unsent_at_shutdown = 0
+        self._unyielded = 0
+        self._yielded_at = time.perf_counter()
         self._subscriptions = 0
         self._subscription_change = trio.lowlevel.ParkingLot()
         # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
@@ -116,16 +120,37 @@ class Publisher:
     async def publish(self, events: Iterable[KVEvent]) -> None:
         """Queue one round's events as a batch; waits while `max_queue_size` batches are queued.
 
-        An empty round publishes nothing (it would only burn a seq).
+        An empty round publishes nothing (it would only burn a seq). Every call is a
+        cancellation point; it yields to other tasks when it must wait, and otherwise at least
+        every YIELD_EVERY calls or YIELD_AFTER seconds: yielding on every call would cost more
+        than the publish itself, and a scheduler publishing once per round yields elsewhere.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         payload = self._encode(events)
-        if payload is None:
-            await trio.lowlevel.checkpoint()
-            return
+        if payload is not None:
+            try:
+                self._send.send_nowait(payload)
+            except trio.WouldBlock:
+                await self._send_waiting(payload)
+                return
+            except trio.ClosedResourceError:
+                raise self._closed_error() from None
+        self._unyielded += 1
+        if self._unyielded >= YIELD_EVERY or time.perf_counter() - self._yielded_at > YIELD_AFTER:
+            await self._yield()
+
+    async def _yield(self) -> None:
+        self._unyielded = 0
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        self._yielded_at = time.perf_counter()
+
+    async def _send_waiting(self, payload: bytes) -> None:
         try:
-            await self._send.send(payload)
+            await self._send.send(payload)  # backpressure: wait for room, never drop
         except trio.ClosedResourceError:
             raise self._closed_error() from None
+        self._unyielded = 0
+        self._yielded_at = time.perf_counter()
 
     def publish_nowait(self, events: Iterable[KVEvent]) -> None:
         """Queue one round now, or raise trio.WouldBlock if `max_queue_size` batches are queued."""
@@ -203,6 +228,13 @@ class Publisher:
         """
         while True:
             self._take_subscriptions()
+            try:
+                return self._receive.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            # A busy producer usually queues the next batch while we yield once; only when the
+            # queue stays empty is the (costlier) race worth setting up.
+            await trio.lowlevel.checkpoint()
             try:
                 return self._receive.receive_nowait()
             except trio.WouldBlock:
