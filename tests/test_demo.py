@@ -11,6 +11,7 @@ import pytest
 import trio
 
 import tskv
+from tests.processes import killed_after
 from tskv.demo import SimOptions, demo, simulate
 
 LOCAL = "tcp://127.0.0.1:*"
@@ -42,7 +43,8 @@ async def test_simulate_feeds_a_consumer_that_joins_from_seq_0() -> None:
     out = io.StringIO()
     options = SimOptions(rounds=None, duration=30, round_interval=0.005, seed=4)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(simulate, options, LOCAL, LOCAL, out, on_ready)
+        config = tskv.KVEventsConfig(endpoint=LOCAL, replay_endpoint=LOCAL)
+        nursery.start_soon(simulate, options, config, out, on_ready)
         with trio.fail_after(10):
             await ready.wait()
         [publisher] = publishers
@@ -69,7 +71,8 @@ def test_simulate_ends_cleanly_on_ctrl_c() -> None:
         text=True,
     )
     assert process.stdout is not None
-    assert process.stdout.readline().startswith("rank 0: publishing on tcp://127.0.0.1:")
+    with killed_after(30, process):
+        assert process.stdout.readline().startswith("rank 0: publishing on tcp://127.0.0.1:")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err

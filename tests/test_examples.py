@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.processes import killed_after
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 
@@ -17,7 +19,8 @@ def test_trio_scheduler_example_is_read_by_a_plain_pyzmq_sub() -> None:
     )
     try:
         assert publisher.stdout is not None
-        endpoint = publisher.stdout.readline().split()[0]
+        with killed_after(30, publisher):
+            endpoint = publisher.stdout.readline().split()[0]
         consumer = subprocess.run(
             [sys.executable, str(EXAMPLES / "plain_sub.py"), endpoint, "6"],
             capture_output=True,

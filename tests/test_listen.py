@@ -13,6 +13,7 @@ import trio
 import zmq
 
 import tskv
+from tests.processes import killed_after
 from tests.zmq_helpers import LOOPBACK, raw_socket
 from tskv import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
 from tskv.frames import live_message
@@ -95,7 +96,8 @@ def test_ctrl_c_ends_cleanly_with_a_summary() -> None:
         for n in range(3):
             publisher.publish(KVEventBatch(float(n), [BlockRemoved([n])]))
         assert listener.stdout is not None
-        first = [listener.stdout.readline() for _ in range(3)]
+        with killed_after(30, listener):
+            first = [listener.stdout.readline() for _ in range(3)]
         listener.send_signal(signal.SIGINT)
         _, err = listener.communicate(timeout=20)
     finally:

@@ -87,6 +87,14 @@ class TrioSocket:
         except zmq.Again:
             raise trio.WouldBlock from None
 
+    def receive_frames_nowait(self) -> list[zmq.Frame]:
+        """Like receive_nowait, as zmq.Frame objects: they carry the message's properties."""
+        self._check_open()
+        try:
+            return self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+
     async def receive(self) -> list[bytes]:
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:

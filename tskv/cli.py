@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import logging
 import sys
 from collections.abc import Sequence
 
 import trio
 
 import tskv
+from tskv.config import KVEventsConfig
 from tskv.demo import SimOptions
 from tskv.endpoints import EndpointError, check_endpoint
 
@@ -52,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-seq", type=_non_negative, help="fetch batches from this seq on from replay first"
     )
     listen.add_argument("--json", action="store_true", help="one JSON object per line")
+    listen.add_argument(
+        "--curve-server-key", metavar="FILE", help="the publisher's public certificate (NAME.key)"
+    )
+    listen.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="this listener's secret certificate (NAME.key_secret); without it, an ephemeral key",
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -73,7 +84,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint", type=_endpoint, default="tcp://*:5557", help="PUB endpoint (tcp://*:5557)"
     )
     simulate.add_argument("--replay-endpoint", type=_endpoint, help="replay ROUTER endpoint")
+    simulate.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="encrypt with CURVE: the publisher's secret certificate (NAME.key_secret)",
+    )
+    who = simulate.add_mutually_exclusive_group()
+    who.add_argument(
+        "--curve-clients", metavar="DIR", help="allow only subscribers whose NAME.key is in DIR"
+    )
+    who.add_argument(
+        "--curve-allow-any-client",
+        action="store_true",
+        help="allow any subscriber that completes the CURVE handshake",
+    )
     _sim_flags(simulate, rounds=None)
+
+    keys = commands.add_parser("keys", help="manage CURVE key pairs")
+    key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    generate = key_commands.add_parser(
+        "generate",
+        help="write a key pair as ZeroMQ certificate files",
+        description="Write DIR/NAME.key (public: give it to the other side) and "
+        "DIR/NAME.key_secret (readable by its owner only).",
+    )
+    generate.add_argument("directory", metavar="DIR")
+    generate.add_argument("--name", default="tskv", help="file name stem (tskv)")
     return parser
 
 
@@ -154,8 +190,33 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _run_simulate(args: argparse.Namespace) -> int:
     from tskv.demo import simulate
 
+    try:
+        config = KVEventsConfig(
+            endpoint=args.endpoint,
+            replay_endpoint=args.replay_endpoint,
+            curve_secret_key=args.curve_secret_key,
+            curve_clients=args.curve_clients,
+            curve_allow_any_client=args.curve_allow_any_client,
+        )
+        config.server_security()  # read the key files now, to report a bad one clearly
+    except ValueError as exc:
+        print(f"tskv simulate: {exc}", file=sys.stderr)
+        return 2
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a simulation cleanly
-        trio.run(simulate, _sim_options(args), args.endpoint, args.replay_endpoint)
+        trio.run(simulate, _sim_options(args), config)
+    return 0
+
+
+def _run_keys(args: argparse.Namespace) -> int:
+    from tskv.security import KeyFileError, generate_keys
+
+    try:
+        public, secret = generate_keys(args.directory, args.name)
+    except (KeyFileError, OSError) as exc:
+        print(f"tskv keys generate: {exc}", file=sys.stderr)
+        return 2
+    print(f"public key (give it to the other side): {public}")
+    print(f"secret key (keep it here, owner-only):  {secret}")
     return 0
 
 
@@ -165,17 +226,24 @@ def _run_listen(args: argparse.Namespace) -> int:
     if args.from_seq is not None and args.replay is None:
         print("tskv listen: --from-seq needs --replay ENDPOINT", file=sys.stderr)
         return 2
+    if args.curve_secret_key is not None and args.curve_server_key is None:
+        print("tskv listen: --curve-secret-key needs --curve-server-key FILE", file=sys.stderr)
+        return 2
     holder: list[tskv.Subscriber] = []
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a listen ends
         trio.run(
-            listen,
-            args.endpoint,
-            args.replay,
-            args.topic,
-            args.from_seq,
-            args.json,
-            sys.stdout,
-            holder,
+            functools.partial(
+                listen,
+                args.endpoint,
+                args.replay,
+                args.topic,
+                args.from_seq,
+                args.json,
+                sys.stdout,
+                holder,
+                curve_server_key=args.curve_server_key,
+                curve_secret_key=args.curve_secret_key,
+            )
         )
     if holder:
         print(summary(holder[0]), file=sys.stderr)
@@ -185,12 +253,16 @@ def _run_listen(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The library only logs; the command shows its warnings (losses, refusals) on stderr.
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
     if args.command == "listen":
         return _run_listen(args)
     if args.command == "demo":
         return _run_demo(args)
     if args.command == "simulate":
         return _run_simulate(args)
+    if args.command == "keys":
+        return _run_keys(args)
     parser.print_help()
     return 0
 

@@ -227,15 +227,13 @@ def _summary(
 
 async def simulate(
     options: SimOptions,
-    endpoint: str,
-    replay_endpoint: str | None,
+    config: KVEventsConfig,
     out: TextIO = sys.stdout,
     ready: Callable[[list[Publisher]], object] | None = None,
 ) -> None:
     """Publish the simulated schedulers' events for an external consumer until done."""
     check_options(options)
     async with AsyncExitStack() as stack:
-        config = KVEventsConfig(endpoint=endpoint, replay_endpoint=replay_endpoint)
         publishers = [
             await stack.enter_async_context(open_publisher(config, rank))
             for rank in range(options.ranks)

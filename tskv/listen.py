@@ -114,13 +114,23 @@ async def listen(
     out: TextIO = sys.stdout,
     holder: list[Subscriber] | None = None,
     limit: int | None = None,
+    curve_server_key: str | None = None,
+    curve_secret_key: str | None = None,
 ) -> None:
     """Print every batch until cancelled (or `limit` batches); `holder` receives the subscriber."""
 
     def on_loss(loss: Loss) -> None:
         print(loss_json(loss) if as_json else format_loss(loss), file=out, flush=True)
 
-    async with open_subscriber(endpoint, replay_endpoint, topic, start_seq, on_loss=on_loss) as sub:
+    async with open_subscriber(
+        endpoint,
+        replay_endpoint,
+        topic,
+        start_seq,
+        on_loss=on_loss,
+        curve_server_key=curve_server_key,
+        curve_secret_key=curve_secret_key,
+    ) as sub:
         if holder is not None:
             holder.append(sub)
         count = 0

@@ -9,12 +9,13 @@ replay never holds up live batches. Leaving the block drains the queue under a d
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
 import trio
@@ -29,6 +30,8 @@ from tskv.config import KVEventsConfig
 from tskv.endpoints import offset_endpoint_port, should_bind
 from tskv.events import KVEvent, KVEventBatch
 from tskv.replay_buffer import ReplayBuffer
+from tskv.replay_limits import RequestGate
+from tskv.security import ServerSecurity, ZapHandler, warn_if_exposed
 
 logger = logging.getLogger("tskv")
 
@@ -56,10 +59,13 @@ class PublisherStatistics:
     replay_requests: int
     replays_completed: int
     replays_abandoned: int
+    replays_refused: int
     batches_replayed: int
     invalid_requests: int
     unsent_at_shutdown: int
     subscriptions: int
+    encrypted: bool
+    clients_refused: int  # by the CURVE allow list
 
 
 @attrs.define
@@ -94,6 +100,10 @@ class Publisher:
         self._send, self._receive = trio.open_memory_channel[bytes](config.max_queue_size)
         self._replay_client_timeout = replay_client_timeout
         self._invalid_log = LogLimiter()
+        self._refusal_log = LogLimiter()
+        self._gate = RequestGate(config.replay_limits(), trio.current_time)
+        self._zap: ZapHandler | None = None
+        self._replays_refused = 0
         self._published = 0
         self._replay_requests = 0
         self._replays_completed = 0
@@ -177,10 +187,13 @@ class Publisher:
             replay_requests=self._replay_requests,
             replays_completed=self._replays_completed,
             replays_abandoned=self._replays_abandoned,
+            replays_refused=self._replays_refused,
             batches_replayed=self._batches_replayed,
             invalid_requests=self._invalid_requests,
             unsent_at_shutdown=self._unsent_at_shutdown,
             subscriptions=self._subscriptions,
+            encrypted=self.config.curve_secret_key is not None,
+            clients_refused=0 if self._zap is None else self._zap.refused,
         )
 
     # -- the publish task -------------------------------------------------------------------
@@ -302,20 +315,28 @@ class Publisher:
 
     # -- the replay task --------------------------------------------------------------------
 
-    def _take_request(self, message: list[bytes], jobs: dict[bytes, _ReplayJob]) -> None:
+    def _take_request(
+        self, message: list[zmq.Frame], jobs: dict[bytes, _ReplayJob], router: TrioSocket
+    ) -> None:
         try:
-            client, start_seq = frames.parse_replay_request(message)
+            client, start_seq = frames.parse_replay_request([frame.bytes for frame in message])
         except frames.FrameError as exc:
             self._invalid_requests += 1
             self._invalid_log.warning("ignoring invalid replay request: %s", exc)
             return
         self._replay_requests += 1
+        refusal = self._gate.refusal(_client_key(message[0], client), len(jobs), client in jobs)
+        if refusal is not None:
+            self._replays_refused += 1
+            self._refusal_log.warning("refused a replay request: %s", refusal)
+            jobs.pop(client, None)
+            with contextlib.suppress(trio.WouldBlock, zmq.ZMQError):  # the end marker, at once
+                router.send_nowait(frames.replay_end(client))
+            return
         # A client asking again replaces its earlier replay: it wants this one now.
+        first = self._buffer.first_at_or_after(start_seq)
         jobs[client] = _ReplayJob(
-            client,
-            self._buffer.first_at_or_after(start_seq),
-            self._buffer.next_seq,
-            trio.current_time(),
+            client, first, self._gate.stop_seq(first, self._buffer.next_seq), trio.current_time()
         )
 
     def _serve_slice(self, job: _ReplayJob, router: TrioSocket) -> bool | None:
@@ -345,10 +366,10 @@ class Publisher:
                 await router.wait(zmq.POLLIN)
             while True:
                 try:
-                    message = router.receive_nowait()
+                    message = router.receive_frames_nowait()
                 except trio.WouldBlock:
                     break
-                self._take_request(message, jobs)
+                self._take_request(message, jobs, router)
             stalled = 0
             for job in list(jobs.values()):
                 try:
@@ -383,12 +404,32 @@ class Publisher:
                 await trio.lowlevel.checkpoint()  # live batches go out between slices
 
 
+def _client_key(frame: zmq.Frame, identity: bytes) -> bytes:
+    """Whom a replay request counts against: the CURVE key the ZAP handler vouched for, else
+    the peer's address (a new connection does not reset the limit), else the socket identity."""
+    for name in ("User-Id", "Peer-Address"):
+        try:
+            value = frame.get(name)
+        except zmq.ZMQError:
+            continue
+        if value:
+            return f"{name}:{value}".encode()
+    return identity
+
+
 def _open_socket(
-    context: zmq.Context[zmq.Socket[bytes]], kind: int, hwm: int, endpoint: str, bind: bool
+    context: zmq.Context[zmq.Socket[bytes]],
+    kind: int,
+    hwm: int,
+    endpoint: str,
+    bind: bool,
+    security: ServerSecurity | None,
 ) -> tuple[TrioSocket, str]:
     sock = context.socket(kind)
     try:
         sock.setsockopt(zmq.SNDHWM, hwm)
+        if security is not None:
+            security.apply(sock)
         if kind == zmq.XPUB:
             # An XPUB is a PUB on the wire that also reports subscriptions, every one of them,
             # so wait_for_subscriber() can replace sleeps.
@@ -423,23 +464,46 @@ async def open_publisher(
     endpoint = offset_endpoint_port(config.endpoint, dp_rank)
     replay_endpoint = offset_endpoint_port(config.replay_endpoint, dp_rank)
     assert endpoint is not None
-    context = context or zmq.Context.instance()
-    pub, address = _open_socket(context, zmq.XPUB, config.hwm, endpoint, should_bind(endpoint))
-    router: TrioSocket | None = None
-    replay_address: str | None = None
-    try:
+    security = config.server_security()
+    own_context = context is None and security is not None
+    if context is None:
+        # A context has one ZAP endpoint, so an encrypted publisher gets a context of its own.
+        context = zmq.Context() if own_context else zmq.Context.instance()
+    async with AsyncExitStack() as cleanup:
+        if own_context:
+            cleanup.callback(context.term)
+        zap = None
+        if security is not None:
+            zap = ZapHandler(context, security)  # bound before any CURVE socket accepts
+            cleanup.callback(zap.close)
+        pub, address = _open_socket(
+            context, zmq.XPUB, config.hwm, endpoint, should_bind(endpoint), security
+        )
+        cleanup.callback(pub.close)
+        router: TrioSocket | None = None
+        replay_address: str | None = None
         if replay_endpoint is not None:
             router, replay_address = _open_socket(
-                context, zmq.ROUTER, config.hwm, replay_endpoint, bind=True
+                context, zmq.ROUTER, config.hwm, replay_endpoint, True, security
             )
+            cleanup.callback(router.close)
+        if security is None:
+            warn_if_exposed([a for a in (address, replay_address) if a], config.buffer_steps)
         publisher = Publisher(
             config, dp_rank, pub, address, router, replay_address, replay_client_timeout
         )
+        publisher._zap = zap
         logger.info(
-            "publishing KV events on %s (replay: %s, rank %d)", address, replay_address, dp_rank
+            "publishing KV events on %s (replay: %s, rank %d, %s)",
+            address,
+            replay_address,
+            dp_rank,
+            "CURVE" if security else "clear text",
         )
         with unwrap_single_exception():
             async with trio.open_nursery() as nursery:
+                if zap is not None:
+                    nursery.start_soon(zap.run)
                 nursery.start_soon(publisher._run_publish)
                 if router is not None:
                     nursery.start_soon(publisher._run_replay, router)
@@ -447,8 +511,5 @@ async def open_publisher(
                     yield publisher
                 finally:
                     publisher._begin_shutdown(shutdown_timeout)
-                    nursery.cancel_scope.cancel()  # stops the replay task; the drain is shielded
-    finally:
-        pub.close()
-        if router is not None:
-            router.close()
+                    # Stops the replay and ZAP tasks; the drain is shielded.
+                    nursery.cancel_scope.cancel()

@@ -25,6 +25,7 @@ from tskv._trio_zmq import TrioSocket, attach
 from tskv.codec import WireError, decode_batch
 from tskv.endpoints import check_endpoint
 from tskv.events import KVEventBatch
+from tskv.security import ClientSecurity
 from tskv.sequencer import Action, Deliver, Loss, LossReason, RequestReplay, Sequencer
 
 logger = logging.getLogger("tskv")
@@ -201,7 +202,9 @@ class _ReplayClient:
         endpoint: str,
         timeout: float,
         inbox: trio.MemorySendChannel[_Inbound],
+        security: ClientSecurity | None,
     ) -> None:
+        self._security = security
         self._context = context
         self._endpoint = endpoint
         self._timeout = timeout
@@ -211,6 +214,8 @@ class _ReplayClient:
     def _open(self) -> TrioSocket:
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.RCVHWM, 0)  # a replay is bounded by the publisher's buffer
+        if self._security is not None:
+            self._security.apply(sock)
         attach(sock, self._endpoint, bind=False)
         return TrioSocket(sock)
 
@@ -254,6 +259,8 @@ async def open_subscriber(
     on_loss: Callable[[Loss], object] | None = None,
     replay_timeout: float = 5.0,
     hwm: int = 100_000,
+    curve_server_key: str | None = None,
+    curve_secret_key: str | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
 ) -> AsyncIterator[Subscriber]:
     """Subscribe to a KV event stream; iterate the result for `(seq, batch)` in seq order.
@@ -261,6 +268,9 @@ async def open_subscriber(
     Gaps are repaired from `replay_endpoint`. What cannot be repaired is never hidden: it is
     counted, logged, and passed to `on_loss(loss)` just before the next batch is delivered.
     `start_seq` fetches earlier batches from replay first (a late joiner's bootstrap).
+    For an encrypted publisher, `curve_server_key` is its public certificate file and
+    `curve_secret_key` this subscriber's secret certificate file (without one, an ephemeral
+    key pair is used, which a publisher that allows any client accepts).
     """
     check_endpoint(endpoint)
     if replay_endpoint is not None:
@@ -269,6 +279,13 @@ async def open_subscriber(
         raise ValueError(f"start_seq = {start_seq!r} must be a non-negative int")
     if not (math.isfinite(replay_timeout) and replay_timeout > 0):
         raise ValueError(f"replay_timeout = {replay_timeout} must be a positive number of seconds")
+    if curve_secret_key is not None and curve_server_key is None:
+        raise ValueError("curve_secret_key needs curve_server_key (the publisher's public key)")
+    security = (
+        None
+        if curve_server_key is None
+        else ClientSecurity.from_files(curve_server_key, curve_secret_key)
+    )
     sequencer = Sequencer(replay_endpoint is not None, start_seq)
     first_actions = sequencer.start()
     context = context or zmq.Context.instance()
@@ -276,6 +293,8 @@ async def open_subscriber(
     try:
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        if security is not None:
+            security.apply(sock)
         # Bind only to a wildcard: a publisher that connects out (no * in its endpoint) needs a
         # subscriber that binds, and an explicit address means "connect to the publisher".
         address = attach(sock, endpoint, bind="*" in endpoint)
@@ -288,7 +307,7 @@ async def open_subscriber(
     replay: _ReplayClient | None = None
     try:
         if replay_endpoint is not None:
-            replay = _ReplayClient(context, replay_endpoint, replay_timeout, inbox_send)
+            replay = _ReplayClient(context, replay_endpoint, replay_timeout, inbox_send, security)
         subscriber = Subscriber(sequencer, inbox_receive, requests_send, on_loss, address)
         subscriber._apply(first_actions)
         with unwrap_single_exception():
