@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _sim_flags(simulate, rounds=None)
 
+    commands.add_parser(
+        "bench",
+        help="measure tskv against the ZeroMQ ceiling and a threaded baseline",
+        add_help=False,
+    )
+
     keys = commands.add_parser("keys", help="manage CURVE key pairs")
     key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     generate = key_commands.add_parser(
@@ -252,6 +258,11 @@ def _run_listen(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from tskv.bench import main as bench
+
+        return bench(argv[1:])
     args = parser.parse_args(argv)
     # The library only logs; the command shows its warnings (losses, refusals) on stderr.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
