@@ -339,3 +339,10 @@ async def test_a_replay_client_that_leaves_is_abandoned_cleanly() -> None:
             if seq == 500:
                 break
     assert publisher.statistics().replays_completed == 0
+
+
+async def test_publishing_a_foreign_object_names_the_fix() -> None:
+    async with tskv.open_publisher(config()) as publisher:
+        with pytest.raises(TypeError, match="scheduler_kv_event_to_wire_event"):
+            await publisher.publish([BlockRemoved([1]), object()])  # type: ignore[list-item]
+        assert publisher.statistics().published == 0

@@ -11,7 +11,7 @@ hashes, a batch without the rank) and turns every other input into a `WireError`
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -30,7 +30,9 @@ _ALL_CLEARED = ("AllBlocksCleared",)
 
 
 def _plain_event(event: KVEvent) -> tuple[Any, ...]:
-    if type(event) is BlockStored:
+    kind = type(event)
+    if kind is BlockStored:
+        assert isinstance(event, BlockStored)
         return (
             "BlockStored",
             event.block_hashes,
@@ -38,9 +40,15 @@ def _plain_event(event: KVEvent) -> tuple[Any, ...]:
             event.token_ids,
             event.block_size,
         )
-    if type(event) is BlockRemoved:
+    if kind is BlockRemoved:
+        assert isinstance(event, BlockRemoved)
         return ("BlockRemoved", event.block_hashes)
-    return _ALL_CLEARED
+    if kind is AllBlocksCleared:
+        return _ALL_CLEARED
+    raise TypeError(
+        f"{event!r} is not a BlockStored, BlockRemoved or AllBlocksCleared; translate scheduler "
+        "objects with tskv.scheduler_kv_event_to_wire_event"
+    )
 
 
 def to_plain(batch: KVEventBatch) -> Plain:
@@ -119,6 +127,17 @@ def codec_name() -> str:
 def encode_batch(batch: KVEventBatch) -> bytes:
     """The payload frame for `batch`, byte for byte as TokenSpeed's publisher writes it."""
     return _ACTIVE.pack(to_plain(batch))
+
+
+def encode_round(ts: float, events: Iterable[KVEvent], rank: int) -> bytes | None:
+    """Encode a round's events straight from the publisher, or None for an empty round.
+
+    The same bytes as `encode_batch(KVEventBatch(ts, events, rank))` without building the
+    batch: the publisher's ts and rank are valid by construction, and each event type is
+    still checked.
+    """
+    plain = [_plain_event(event) for event in events]
+    return _ACTIVE.pack((ts, plain, rank)) if plain else None
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:

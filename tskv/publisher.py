@@ -25,10 +25,10 @@ from tskv import frames
 from tskv._errors import unwrap_single_exception
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, attach
-from tskv.codec import codec_name, encode_batch
+from tskv.codec import codec_name, encode_round
 from tskv.config import KVEventsConfig
 from tskv.endpoints import offset_endpoint_port, should_bind
-from tskv.events import KVEvent, KVEventBatch
+from tskv.events import KVEvent
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import RequestGate
 from tskv.security import ServerSecurity, ZapHandler, warn_if_exposed
@@ -124,8 +124,7 @@ class Publisher:
     # -- the scheduler's side ---------------------------------------------------------------
 
     def _encode(self, events: Iterable[KVEvent]) -> bytes | None:
-        batch = KVEventBatch(time.time(), events, self.dp_rank)
-        return encode_batch(batch) if batch.events else None
+        return encode_round(time.time(), events, self.dp_rank)
 
     async def publish(self, events: Iterable[KVEvent]) -> None:
         """Queue one round's events as a batch; waits while `max_queue_size` batches are queued.
