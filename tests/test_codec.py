@@ -200,3 +200,12 @@ msgpack_values = st.recursive(
 def test_well_formed_msgpack_of_any_shape_is_a_batch_or_wire_error(value: Any) -> None:
     decodes_or_wire_error(pack(value))
     decodes_or_wire_error(pack([1.0, [value], 0]))
+
+
+@pytest.mark.parametrize("case", TOKENSPEED, ids=[case["name"] for case in TOKENSPEED])
+def test_the_publishers_direct_path_gives_the_same_bytes(case: dict[str, Any]) -> None:
+    from tskv.codec import encode_round
+
+    batch = expected_batch(case)
+    payload = encode_round(batch.ts, batch.events, case["attn_dp_rank"])
+    assert payload is None if not batch.events else payload.hex() == case["payload_hex"]
