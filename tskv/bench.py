@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import math
 import multiprocessing
 import os
 import platform
@@ -219,6 +220,8 @@ def _msgspec_batch(events: list[KVEvent]) -> Any:
 
 
 def run_baseline(events: list[KVEvent], count: int, decode: bool) -> dict[str, Any]:
+    if "msgspec" not in codec_module.available_codecs():
+        return {"batches_per_s": math.nan, "publish_us": math.nan}  # the baseline needs msgspec
     make_batch = _msgspec_batch(events)
     publisher = _BaselinePublisher(LOOPBACK)
     try:
@@ -282,6 +285,8 @@ def median_spread(values: list[float]) -> tuple[float, float, float]:
 
 
 def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
+    if any(math.isnan(value) for value in values):
+        return "n/a (needs msgspec)"
     mid, low, high = median_spread([v * scale for v in values])
     return f"{mid:,.{digits}f}{unit} ({low:,.{digits}f}..{high:,.{digits}f})"
 
