@@ -13,7 +13,7 @@ ZeroMQ multipart messages are atomic, so a message is either wholly sent or not 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import trio
 import zmq
@@ -138,3 +138,39 @@ def attach(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
         action = "bind" if bind else "connect"
         raise OSError(exc.errno, f"cannot {action} {endpoint!r}: {exc.strerror}") from None
     return bound_endpoint(sock) if bind else endpoint
+
+
+class Secures(Protocol):
+    """CURVE settings that can be put on a socket (tskv.security's server and client sides)."""
+
+    def apply(self, sock: zmq.Socket[bytes]) -> None: ...
+
+
+def open_socket(
+    context: zmq.Context[zmq.Socket[bytes]],
+    kind: int,
+    endpoint: str,
+    bind: bool,
+    hwm: int,
+    security: Secures | None = None,
+) -> tuple[TrioSocket, str]:
+    """A publisher-side socket, set up as tskv needs it, bound or connected.
+
+    An XPUB is a PUB on the wire that also reports every subscription, so a publisher can wait
+    for subscribers instead of sleeping. A ROUTER gets ROUTER_MANDATORY: without it, replies
+    to a slow client are silently dropped at the high-water mark, truncating its replay.
+    """
+    sock = context.socket(kind)
+    try:
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        if security is not None:
+            security.apply(sock)
+        if kind == zmq.XPUB:
+            sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+        if kind == zmq.ROUTER:
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        address = attach(sock, endpoint, bind)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return TrioSocket(sock), address

@@ -219,50 +219,67 @@ def _msgspec_batch(events: list[KVEvent]) -> Any:
     return lambda: Batch(time.time(), stored, 0)
 
 
-def run_baseline(events: list[KVEvent], count: int, decode: bool) -> dict[str, Any]:
-    if "msgspec" not in codec_module.available_codecs():
-        return {"batches_per_s": math.nan, "publish_us": math.nan}  # the baseline needs msgspec
-    make_batch = _msgspec_batch(events)
-    publisher = _BaselinePublisher(LOOPBACK)
-    try:
-        with subscriber_process(publisher.endpoint, count, decode) as conn:
-            _wait_subscribed(publisher.sock)
-            inside = 0.0
-            started = time.monotonic()
-            for _ in range(count):
-                batch = make_batch()
-                before = time.perf_counter()
-                publisher.publish(batch)
-                inside += time.perf_counter() - before
-            received, _, last, latencies = conn.recv()
-    finally:
-        publisher.shutdown()
+def _run_sync_publisher(
+    endpoint: str,
+    wait_subscribed: Callable[[], None],
+    publish: Callable[[Any], None],
+    make_batch: Callable[[], Any],
+    count: int,
+    decode: bool,
+) -> dict[str, Any]:
+    """Publish `count` batches from this (plain, non-Trio) thread, timing each publish call."""
+    with subscriber_process(endpoint, count, decode) as conn:
+        wait_subscribed()
+        inside = 0.0
+        started = time.monotonic()
+        for _ in range(count):
+            batch = make_batch()
+            before = time.perf_counter()
+            publish(batch)
+            inside += time.perf_counter() - before
+        received, _, last, latencies = conn.recv()
     result = _rates(count, received, started, last, latencies)
     result["publish_us"] = inside / count * 1e6
     return result
+
+
+def run_baseline(events: list[KVEvent], count: int, decode: bool) -> dict[str, Any]:
+    if "msgspec" not in codec_module.available_codecs():
+        return {"batches_per_s": math.nan, "publish_us": math.nan}  # the baseline needs msgspec
+    publisher = _BaselinePublisher(LOOPBACK)
+    try:
+        return _run_sync_publisher(
+            publisher.endpoint,
+            functools.partial(_wait_subscribed, publisher.sock),
+            publisher.publish,
+            _msgspec_batch(events),
+            count,
+            decode,
+        )
+    finally:
+        publisher.shutdown()
 
 
 def run_threaded_tskv(events: list[KVEvent], count: int, decode: bool) -> dict[str, Any]:
     """tskv's drop-in ZmqEventPublisher, for its scheduler-side cost."""
     publisher = tskv.ZmqEventPublisher(0, endpoint=LOOPBACK, hwm=0)
+
+    def wait_subscribed() -> None:
+        deadline = time.monotonic() + 20
+        while publisher.statistics().subscriptions < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)  # a plain thread: poll the publisher's own count
+
     try:
-        with subscriber_process(publisher.endpoint, count, decode) as conn:
-            deadline = time.monotonic() + 20
-            while publisher.statistics().subscriptions < 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            inside = 0.0
-            started = time.monotonic()
-            for _ in range(count):
-                batch = KVEventBatch(time.time(), events, 0)
-                before = time.perf_counter()
-                publisher.publish(batch)
-                inside += time.perf_counter() - before
-            received, _, last, latencies = conn.recv()
+        return _run_sync_publisher(
+            publisher.endpoint,
+            wait_subscribed,
+            publisher.publish,
+            lambda: KVEventBatch(time.time(), events, 0),
+            count,
+            decode,
+        )
     finally:
         publisher.shutdown()
-    result = _rates(count, received, started, last, latencies)
-    result["publish_us"] = inside / count * 1e6
-    return result
 
 
 def _rates(

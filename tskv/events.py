@@ -73,12 +73,16 @@ def _parent_hash(value: int | None) -> int | None:
     return _int_tuple("parent_block_hash", (value,), HASH_MIN, HASH_LIMIT)[0]
 
 
-def _block_size(value: int) -> int:
+def _int_at_least(field: str, value: object, lowest: int, meaning: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"block_size must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"block_size = {value} must be at least 1 (tokens per block)")
+        raise TypeError(f"{field} must be an int, got {value!r}")
+    if value < lowest:
+        raise ValueError(f"{field} = {value} must be at least {lowest} ({meaning})")
     return value
+
+
+def _block_size(value: int) -> int:
+    return _int_at_least("block_size", value, 1, "tokens per block")
 
 
 @attrs.frozen(slots=True)
@@ -132,13 +136,7 @@ def _events(values: Iterable[KVEvent]) -> tuple[KVEvent, ...]:
 
 
 def _rank(value: int | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"attn_dp_rank must be an int or None, got {value!r}")
-    if value < 0:
-        raise ValueError(f"attn_dp_rank = {value} must not be negative")
-    return value
+    return None if value is None else _int_at_least("attn_dp_rank", value, 0, "a rank")
 
 
 @attrs.frozen(slots=True)

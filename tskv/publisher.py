@@ -22,16 +22,16 @@ import trio
 import zmq
 
 from tskv import frames
-from tskv._errors import unwrap_single_exception
+from tskv._background import background_tasks
 from tskv._ratelimit import LogLimiter
-from tskv._trio_zmq import TrioSocket, attach
+from tskv._trio_zmq import TrioSocket, open_socket
 from tskv.codec import codec_name, encode_round
 from tskv.config import KVEventsConfig
 from tskv.endpoints import offset_endpoint_port, should_bind
 from tskv.events import KVEvent
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import RequestGate
-from tskv.security import ServerSecurity, ZapHandler, warn_if_exposed
+from tskv.security import ZapHandler, warn_if_exposed
 
 logger = logging.getLogger("tskv")
 
@@ -416,33 +416,6 @@ def _client_key(frame: zmq.Frame, identity: bytes) -> bytes:
     return identity
 
 
-def _open_socket(
-    context: zmq.Context[zmq.Socket[bytes]],
-    kind: int,
-    hwm: int,
-    endpoint: str,
-    bind: bool,
-    security: ServerSecurity | None,
-) -> tuple[TrioSocket, str]:
-    sock = context.socket(kind)
-    try:
-        sock.setsockopt(zmq.SNDHWM, hwm)
-        if security is not None:
-            security.apply(sock)
-        if kind == zmq.XPUB:
-            # An XPUB is a PUB on the wire that also reports subscriptions, every one of them,
-            # so wait_for_subscriber() can replace sleeps.
-            sock.setsockopt(zmq.XPUB_VERBOSER, 1)
-        if kind == zmq.ROUTER:
-            # Without it a ROUTER silently drops replies at the high-water mark, truncating replays.
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        address = attach(sock, endpoint, bind)
-    except BaseException:
-        sock.close(linger=0)
-        raise
-    return TrioSocket(sock), address
-
-
 @asynccontextmanager
 async def open_publisher(
     config: KVEventsConfig,
@@ -475,15 +448,15 @@ async def open_publisher(
         if security is not None:
             zap = ZapHandler(context, security)  # bound before any CURVE socket accepts
             cleanup.callback(zap.close)
-        pub, address = _open_socket(
-            context, zmq.XPUB, config.hwm, endpoint, should_bind(endpoint), security
+        pub, address = open_socket(
+            context, zmq.XPUB, endpoint, should_bind(endpoint), config.hwm, security
         )
         cleanup.callback(pub.close)
         router: TrioSocket | None = None
         replay_address: str | None = None
         if replay_endpoint is not None:
-            router, replay_address = _open_socket(
-                context, zmq.ROUTER, config.hwm, replay_endpoint, True, security
+            router, replay_address = open_socket(
+                context, zmq.ROUTER, replay_endpoint, True, config.hwm, security
             )
             cleanup.callback(router.close)
         if security is None:
@@ -499,16 +472,15 @@ async def open_publisher(
             dp_rank,
             "CURVE" if security else "clear text",
         )
-        with unwrap_single_exception():
-            async with trio.open_nursery() as nursery:
-                if zap is not None:
-                    nursery.start_soon(zap.run)
-                nursery.start_soon(publisher._run_publish)
-                if router is not None:
-                    nursery.start_soon(publisher._run_replay, router)
-                try:
-                    yield publisher
-                finally:
-                    publisher._begin_shutdown(shutdown_timeout)
-                    # Stops the replay and ZAP tasks; the drain is shielded.
-                    nursery.cancel_scope.cancel()
+        async with background_tasks() as nursery:
+            if zap is not None:
+                nursery.start_soon(zap.run)
+            nursery.start_soon(publisher._run_publish)
+            if router is not None:
+                nursery.start_soon(publisher._run_replay, router)
+            try:
+                yield publisher
+            finally:
+                # Then the nursery's cancellation stops the replay and ZAP tasks; the publish
+                # task's drain is shielded and bounded by this deadline.
+                publisher._begin_shutdown(shutdown_timeout)

@@ -19,7 +19,7 @@ import trio
 import zmq
 
 from tskv import frames
-from tskv._errors import unwrap_single_exception
+from tskv._background import background_tasks
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, attach
 from tskv.codec import WireError, decode_batch
@@ -310,15 +310,11 @@ async def open_subscriber(
             replay = _ReplayClient(context, replay_endpoint, replay_timeout, inbox_send, security)
         subscriber = Subscriber(sequencer, inbox_receive, requests_send, on_loss, address)
         subscriber._apply(first_actions)
-        with unwrap_single_exception():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_read_live, sub, inbox_send)
-                if replay is not None:
-                    nursery.start_soon(replay.run, requests_receive)
-                try:
-                    yield subscriber
-                finally:
-                    nursery.cancel_scope.cancel()
+        async with background_tasks() as nursery:
+            nursery.start_soon(_read_live, sub, inbox_send)
+            if replay is not None:
+                nursery.start_soon(replay.run, requests_receive)
+            yield subscriber
     finally:
         sub.close()
         if replay is not None:

@@ -14,9 +14,8 @@ threads or asyncio are testable). `tskv.pytest_plugin` turns them into fixtures.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -24,8 +23,9 @@ import trio
 import zmq
 
 from tskv import frames
-from tskv._errors import unwrap_single_exception
-from tskv._trio_zmq import TrioSocket, attach
+from tskv._background import background_tasks
+from tskv._trio_thread import TrioThread
+from tskv._trio_zmq import TrioSocket, open_socket
 from tskv.codec import encode_batch
 from tskv.config import KVEventsConfig
 from tskv.events import KVEvent, KVEventBatch
@@ -139,18 +139,7 @@ class ScriptedPublisher:
 
 
 def _socket(kind: int) -> tuple[TrioSocket, str]:
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(kind)
-    if kind == zmq.XPUB:
-        sock.setsockopt(zmq.XPUB_VERBOSER, 1)
-    if kind == zmq.ROUTER:
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    try:
-        address = attach(sock, LOOPBACK, bind=True)
-    except BaseException:
-        sock.close(linger=0)
-        raise
-    return TrioSocket(sock), address
+    return open_socket(zmq.Context.instance(), kind, LOOPBACK, bind=True, hwm=0)
 
 
 @asynccontextmanager
@@ -163,15 +152,11 @@ async def open_scripted_publisher(
     router: TrioSocket | None = None
     try:
         scripted = ScriptedPublisher(pub, endpoint, topic, rank)
-        with unwrap_single_exception():
-            async with trio.open_nursery() as nursery:
-                if replay:
-                    router, scripted.replay_endpoint = _socket(zmq.ROUTER)
-                    nursery.start_soon(scripted._serve_replay, router)
-                try:
-                    yield scripted
-                finally:
-                    nursery.cancel_scope.cancel()
+        async with background_tasks() as nursery:
+            if replay:
+                router, scripted.replay_endpoint = _socket(zmq.ROUTER)
+                nursery.start_soon(scripted._serve_replay, router)
+            yield scripted
     finally:
         pub.close()
         if router is not None:
@@ -242,55 +227,11 @@ async def open_simulated_stream(
         yield SimulatedStream(publisher, batches, final)
 
 
-class _TrioThread:
-    """Runs an async context manager in a Trio loop on its own thread, for sync tests."""
-
-    def __init__(self, opener: Callable[[], AbstractAsyncContextManager[Any]], name: str) -> None:
-        self._opener = opener
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self.value: Any = None
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), name=name, daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            raise self._error
-
-    async def _main(self) -> None:
-        try:
-            async with self._opener() as value:
-                self.value = value
-                self._token = trio.lowlevel.current_trio_token()
-                self._stop = trio.Event()
-                self._ready.set()
-                await self._stop.wait()
-        except BaseException as exc:
-            if self._ready.is_set():
-                raise
-            self._error = exc
-            self._ready.set()
-
-    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run an async function in the loop's thread and wait for its result."""
-        return trio.from_thread.run(fn, *args, trio_token=self._token)
-
-    def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
-
-    def close(self) -> None:
-        if self._stop is not None and self._thread.is_alive():
-            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(10)
-
-
 class ScriptedPublisherThread:
     """`ScriptedPublisher` for synchronous tests: the same methods, blocking."""
 
     def __init__(self, topic: str = "", rank: int = 0, replay: bool = True) -> None:
-        self._loop = _TrioThread(
+        self._loop = TrioThread(
             lambda: open_scripted_publisher(topic, rank, replay), "tskv-scripted-publisher"
         )
         self.scripted: ScriptedPublisher = self._loop.value
@@ -346,7 +287,7 @@ class SimulatedStreamThread:
     """`SimulatedStream` for synchronous tests; `play()` blocks until every batch is queued."""
 
     def __init__(self, **options: Any) -> None:
-        self._loop = _TrioThread(lambda: open_simulated_stream(**options), "tskv-simulated-stream")
+        self._loop = TrioThread(lambda: open_simulated_stream(**options), "tskv-simulated-stream")
         self.stream: SimulatedStream = self._loop.value
         self.batches = self.stream.batches
         self.final_blocks = self.stream.final_blocks

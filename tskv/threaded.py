@@ -8,15 +8,16 @@ when the publish task takes the batch off its queue.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import trio
 
+from tskv._trio_thread import TrioThread
 from tskv.codec import encode_batch
 from tskv.config import KVEventsConfig
 from tskv.events import KVEventBatch
@@ -69,51 +70,27 @@ class ZmqEventPublisher:
         self._handoff: deque[bytes] = deque()
         self._handoff_scheduled = False
         self._closed = False
-        self._ready = threading.Event()
-        self._startup_error: BaseException | None = None
-        self._publisher: Publisher | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._thread = threading.Thread(
-            target=trio.run, args=(self._main,), name=f"tskv-publisher-{attn_dp_rank}", daemon=True
-        )
-        self._thread.start()
-        self._ready.wait()
-        if self._startup_error is not None:
-            self._thread.join()
-            raise self._startup_error
+        self._loop = TrioThread(self._open, f"tskv-publisher-{attn_dp_rank}")
+        self._publisher: Publisher = self._loop.value
 
-    async def _main(self) -> None:
-        try:
-            async with open_publisher(
-                self._config, self.attn_dp_rank, shutdown_timeout=self._shutdown_timeout
-            ) as publisher:
-                publisher._on_dequeue = self._slots.release
-                self._publisher = publisher
-                self._token = trio.lowlevel.current_trio_token()
-                self._stop = trio.Event()
-                self._ready.set()
-                await self._stop.wait()
-                self._move_handoff()  # what was handed over just before shutdown still goes
-        except BaseException as exc:
-            if not self._ready.is_set():
-                self._startup_error = exc
-                self._ready.set()
-                return
-            raise
+    @asynccontextmanager
+    async def _open(self) -> AsyncIterator[Publisher]:
+        async with open_publisher(
+            self._config, self.attn_dp_rank, shutdown_timeout=self._shutdown_timeout
+        ) as publisher:
+            publisher._on_dequeue = self._slots.release
+            yield publisher
+            self._move_handoff()  # what was handed over just before shutdown still goes
 
     @property
     def endpoint(self) -> str:
-        assert self._publisher is not None
         return self._publisher.endpoint
 
     @property
     def replay_endpoint(self) -> str | None:
-        assert self._publisher is not None
         return self._publisher.replay_endpoint
 
     def statistics(self) -> PublisherStatistics:
-        assert self._publisher is not None
         return self._publisher.statistics()
 
     def publish(self, batch: KVEventBatch) -> None:
@@ -136,8 +113,7 @@ class ZmqEventPublisher:
             schedule = not self._handoff_scheduled
             self._handoff_scheduled = True
         if schedule:
-            assert self._token is not None
-            self._token.run_sync_soon(self._move_handoff)
+            self._loop.run_sync_soon(self._move_handoff)
 
     def _move_handoff(self) -> None:
         """In the Trio thread: move handed-over payloads into the publisher's queue."""
@@ -145,7 +121,6 @@ class ZmqEventPublisher:
             payloads = list(self._handoff)
             self._handoff.clear()
             self._handoff_scheduled = False
-        assert self._publisher is not None
         for payload in payloads:  # never full: slots bound what is in flight
             self._publisher._queue_payload_nowait(payload)
 
@@ -155,11 +130,8 @@ class ZmqEventPublisher:
             if self._closed:
                 return
             self._closed = True
-        assert self._token is not None and self._stop is not None
-        with contextlib.suppress(trio.RunFinishedError):  # the loop already ended
-            self._token.run_sync_soon(self._stop.set)
-        self._thread.join(self._shutdown_timeout + 5.0)
-        if self._thread.is_alive():
+        # Handoffs scheduled before this run first: the loop runs its callbacks in order.
+        if not self._loop.close(self._shutdown_timeout + 5.0):
             logger.error("tskv publisher thread did not stop within %.1f s", self._shutdown_timeout)
 
 

@@ -1,0 +1,42 @@
+"""Background tasks for the length of a caller's `async with` block, errors as raised."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import trio
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+
+@contextmanager
+def unwrap_single_exception() -> Iterator[None]:
+    """Re-raise a lone exception out of Trio's exception group.
+
+    Our context managers run a nursery around the caller's block; without this, an error in
+    the caller's own code would reach the caller wrapped in a group it never asked for.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+            raise group.exceptions[0] from None
+        raise
+
+
+@asynccontextmanager
+async def background_tasks() -> AsyncIterator[trio.Nursery]:
+    """A nursery whose tasks are cancelled when the block ends, however it ends.
+
+    The shape of open_publisher, open_subscriber and the test helpers: tasks serve the
+    caller's block and live exactly as long as it.
+    """
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            try:
+                yield nursery
+            finally:
+                nursery.cancel_scope.cancel()
