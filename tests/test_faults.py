@@ -6,7 +6,8 @@ import pytest
 import trio
 
 import tskv
-from tskv import BlockRemoved, BlockStored, Loss, LossReason
+from tskv import BlockRemoved, Loss, LossReason
+from tskv.demo import CacheView
 from tskv.testing import ScriptedPublisher, ScriptedPublisherThread, SimulatedStream
 
 
@@ -128,22 +129,16 @@ async def test_both_replay_layouts_repair(tskv_scripted: ScriptedPublisher, layo
 
 @pytest.mark.tskv_stream(seed=5, rounds=80, cache_blocks=64, block_size=4)
 async def test_the_simulated_stream_rebuilds_the_final_cache(tskv_stream: SimulatedStream) -> None:
-    blocks: set[int] = set()
+    view = CacheView()
     async with tskv.open_subscriber(tskv_stream.endpoint, tskv_stream.replay_endpoint) as sub:
         await tskv_stream.play()
         with trio.fail_after(20):
             async for seq, batch in sub:
                 assert list(batch.events) == tskv_stream.batches[seq]
-                for event in batch.events:
-                    if isinstance(event, BlockStored):
-                        blocks.update(event.block_hashes)
-                    elif isinstance(event, BlockRemoved):
-                        blocks.difference_update(event.block_hashes)
-                    else:
-                        blocks.clear()
+                view.apply(seq, batch.events)
                 if seq == len(tskv_stream.batches) - 1:
                     break
-    assert blocks == tskv_stream.final_blocks and blocks
+    assert view.blocks == tskv_stream.final_blocks and view.blocks
 
 
 def test_sync_fixture_drives_a_consumer_in_another_thread(

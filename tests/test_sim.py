@@ -8,18 +8,9 @@ from hypothesis import strategies as st
 import tskv
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from tskv.block_hash import chain_hashes
+from tskv.demo import CacheView
 from tskv.sampling import GenerateRequest, SamplingParams
 from tskv.sim import PrefixCache, Simulator, Workload, run_round
-
-
-def rebuild(events: list[tskv.KVEvent], view: set[int]) -> None:
-    for event in events:
-        if isinstance(event, BlockStored):
-            view.update(event.block_hashes)
-        elif isinstance(event, BlockRemoved):
-            view.difference_update(event.block_hashes)
-        else:
-            view.clear()
 
 
 def run(seed: int, rounds: int, offset: int = 0, cache: int = 64) -> list[list[tskv.KVEvent]]:
@@ -121,11 +112,11 @@ def test_reset_clears_everything_with_one_event() -> None:
 def test_the_events_rebuild_the_cache_exactly(seed: int, cache: int, rounds: int) -> None:
     sim = Simulator(cache_blocks=cache, block_size=4)
     workload = Workload(seed, block_size=4)
-    view: set[int] = set()
+    view = CacheView()
     for round_number in range(rounds):
         events = run_round(sim, workload, 3)
         if round_number == rounds // 2:
             events += sim.reset()
-        rebuild(events, view)
-        assert view == sim.cached_hashes()
-        assert len(view) <= cache
+        view.apply(round_number, tuple(events))
+        assert view.blocks == sim.cached_hashes()
+        assert len(view.blocks) <= cache
