@@ -72,7 +72,7 @@ class PublisherStatistics:
 class _ReplayJob:
     client: bytes
     next_seq: int
-    stop_seq: int  # the buffer's next seq when the request came: replay ends there
+    stop_seq: int  # the newest seq when the request came (or the per-request cap): ends there
     last_progress: float
 
 
