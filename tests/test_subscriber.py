@@ -80,6 +80,7 @@ async def test_late_joiner_with_start_seq_0_gets_the_buffer_then_live() -> None:
     async with tskv.open_publisher(cfg) as publisher:
         for n in range(50):  # nobody is listening yet
             await publisher.publish(events(n))
+        await trio.testing.wait_all_tasks_blocked()  # all 50 sent before anyone subscribes
         async with tskv.open_subscriber(
             publisher.endpoint, publisher.replay_endpoint, start_seq=0
         ) as sub:
@@ -105,6 +106,7 @@ async def test_evicted_batches_are_reported_through_on_loss() -> None:
     async with tskv.open_publisher(cfg) as publisher:
         for n in range(30):
             await publisher.publish(events(n))
+        await trio.testing.wait_all_tasks_blocked()  # all 30 sent before anyone subscribes
         async with tskv.open_subscriber(
             publisher.endpoint, publisher.replay_endpoint, start_seq=0, on_loss=losses.append
         ) as sub:

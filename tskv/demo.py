@@ -225,6 +225,7 @@ def _summary(
     return all_equal
 
 
+@trio.lowlevel.enable_ki_protection  # Ctrl-C lands at a checkpoint, so the summary is printed
 async def simulate(
     options: SimOptions,
     config: KVEventsConfig,
@@ -233,24 +234,27 @@ async def simulate(
 ) -> None:
     """Publish the simulated schedulers' events for an external consumer until done."""
     check_options(options)
-    async with AsyncExitStack() as stack:
-        publishers = [
-            await stack.enter_async_context(open_publisher(config, rank))
-            for rank in range(options.ranks)
-        ]
-        for rank, publisher in enumerate(publishers):
-            print(
-                f"rank {rank}: publishing on {publisher.endpoint}"
-                + (f", replay on {publisher.replay_endpoint}" if publisher.replay_endpoint else ""),
-                file=out,
-                flush=True,
-            )
-        if ready is not None:
-            ready(publishers)
-        loop = _SchedulerLoop(options, publishers)
-        try:
+    loop: _SchedulerLoop | None = None
+    try:
+        async with AsyncExitStack() as stack:
+            publishers = [
+                await stack.enter_async_context(open_publisher(config, rank))
+                for rank in range(options.ranks)
+            ]
+            loop = _SchedulerLoop(options, publishers)
+            for rank, publisher in enumerate(publishers):
+                replay = publisher.replay_endpoint
+                print(
+                    f"rank {rank}: publishing on {publisher.endpoint}"
+                    + (f", replay on {replay}" if replay else ""),
+                    file=out,
+                    flush=True,
+                )
+            if ready is not None:
+                ready(publishers)
             await loop.run()
-        finally:
+    finally:
+        if loop is not None:
             batches = sum(rank.batches for rank in loop.ranks)
             print(
                 f"tskv simulate: {loop.rounds} rounds, {batches} batches published",
