@@ -91,7 +91,7 @@ def test_restart_during_a_repair_flushes_the_old_sequence_first() -> None:
     s.live(5, p(5))  # repair of 1..4 begins
     actions = s.live(0, b"new")
     assert actions == [
-        Loss(1, 4, LossReason.RESTART),
+        Loss(1, 4, LossReason.INTERRUPTED),
         Deliver(5, p(5), False),
         Loss(6, None, LossReason.RESTART, new_seq=0),
         Deliver(0, b"new", False),
@@ -177,3 +177,25 @@ def test_every_seq_is_delivered_once_or_reported_lost(
     assert delivered_only == sorted(set(delivered_only))  # strictly increasing
     last_live = max(seq for seq in range(total) if seq not in dropped or seq == 0)
     assert seen == list(range(last_live + 1))  # nothing missing, nothing twice
+
+
+@pytest.mark.parametrize("reason", list(LossReason))
+def test_every_kind_of_loss_is_logged_and_shown_readably(
+    reason: LossReason, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tskv.listen import format_loss
+    from tskv.subscriber import _log_loss
+
+    if reason is LossReason.RESTART:
+        loss = Loss(9, None, reason, new_seq=0)
+    else:
+        loss = Loss(3, 5, reason)
+    with caplog.at_level("WARNING", logger="tskv"):
+        _log_loss(loss)
+    [record] = caplog.records
+    message = record.getMessage()  # raises if the format and the arguments disagree
+    shown = format_loss(loss)
+    if reason is LossReason.RESTART:
+        assert "expected seq 9, got seq 0" in message and "now at seq 0" in shown
+    else:
+        assert f"3..5 ({reason.value})" in message and f"3..5 ({reason.value})" in shown

@@ -21,6 +21,7 @@ class LossReason(str, enum.Enum):
     NO_REPLAY = "no-replay"  # the subscriber has no replay endpoint to ask
     REPLAY_TIMEOUT = "replay-timeout"  # the replay endpoint did not answer in time
     UNDECODABLE = "undecodable"  # the batch arrived but its payload was not a batch
+    INTERRUPTED = "interrupted"  # a repair was under way when the publisher restarted
     RESTART = "restart"  # the publisher started a new sequence
 
 
@@ -138,7 +139,7 @@ class Sequencer:
         actions: list[Action] = []
         # What was held from the old sequence still goes out, in order, with its holes named.
         while self.pending:
-            self._give_up_to_next_pending(LossReason.RESTART, actions)
+            self._give_up_to_next_pending(LossReason.INTERRUPTED, actions)
         self.repairing = False  # replies to an old request describe the old sequence
         self.request_id += 1
         assert self.expected is not None
