@@ -186,10 +186,8 @@ def test_every_kind_of_loss_is_logged_and_shown_readably(
     from tskv.listen import format_loss
     from tskv.subscriber import _log_loss
 
-    if reason is LossReason.RESTART:
-        loss = Loss(9, None, reason, new_seq=0)
-    else:
-        loss = Loss(3, 5, reason)
+    restart = reason is LossReason.RESTART
+    loss = Loss(9, None, reason, new_seq=0) if restart else Loss(3, 5, reason)
     with caplog.at_level("WARNING", logger="tskv"):
         _log_loss(loss)
     [record] = caplog.records
