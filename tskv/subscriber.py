@@ -229,24 +229,25 @@ class _ReplayClient:
     async def _serve(self, request: RequestReplay) -> None:
         await self._dealer.send(frames.replay_request(request.start_seq))
         while True:
-            with trio.move_on_after(self._timeout):
+            # Only the endpoint's silence counts against the timeout, not a slow consumer.
+            with trio.move_on_after(self._timeout) as waiting:
                 message = await self._dealer.receive()
-                try:
-                    reply = frames.parse_replay_reply(message)
-                except frames.FrameError as exc:
-                    await self._inbox.send(_BadFrames(f"replay reply: {exc}"))
-                    continue
-                await self._inbox.send(_Replayed(request.request_id, reply))
-                if reply.is_end:
-                    return
+            if waiting.cancelled_caught:
+                logger.warning(
+                    "replay endpoint %s sent nothing for %.1f s", self._endpoint, self._timeout
+                )
+                self._dealer.close()
+                self._dealer = self._open()
+                await self._inbox.send(_ReplayFailed(request.request_id))
+                return
+            try:
+                reply = frames.parse_replay_reply(message)
+            except frames.FrameError as exc:
+                await self._inbox.send(_BadFrames(f"replay reply: {exc}"))
                 continue
-            logger.warning(
-                "replay endpoint %s sent nothing for %.1f s", self._endpoint, self._timeout
-            )
-            self._dealer.close()
-            self._dealer = self._open()
-            await self._inbox.send(_ReplayFailed(request.request_id))
-            return
+            await self._inbox.send(_Replayed(request.request_id, reply))
+            if reply.is_end:
+                return
 
 
 @asynccontextmanager

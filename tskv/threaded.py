@@ -8,6 +8,7 @@ when the publish task takes the batch off its queue.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
+import trio
 
 from tskv._trio_thread import TrioThread
 from tskv.codec import encode_batch
@@ -113,7 +115,9 @@ class ZmqEventPublisher:
             schedule = not self._handoff_scheduled
             self._handoff_scheduled = True
         if schedule:
-            self._loop.run_sync_soon(self._move_handoff)
+            # If shutdown() won the race, its final hand-off already took this payload.
+            with contextlib.suppress(trio.RunFinishedError):
+                self._loop.run_sync_soon(self._move_handoff)
 
     def _move_handoff(self) -> None:
         """In the Trio thread: move handed-over payloads into the publisher's queue."""
