@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -36,7 +36,6 @@ LOOPBACK = "tcp://127.0.0.1:*"
 CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
 ReplayLayout = Literal["tokenspeed", "vllm"]
 ReplayMode = Literal["answer", "never"]
-T = TypeVar("T")
 
 
 class ScriptedPublisher:
@@ -49,7 +48,7 @@ class ScriptedPublisher:
 
     def __init__(self, pub: TrioSocket, endpoint: str, topic: str, rank: int) -> None:
         self.endpoint = endpoint
-        self.replay_endpoint = ""
+        self.replay_endpoint: str | None = None  # set when the replay socket is open
         self.topic = topic
         self.rank = rank
         self.next_seq = 0
