@@ -400,3 +400,16 @@ def test_cli_refuses_a_bad_key_file_clearly(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "does not exist; create one with `tskv keys generate DIR`" in done.stderr
+
+
+async def test_a_context_that_already_serves_zap_is_refused_clearly(keys: dict[str, Path]) -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    taken = context.socket(zmq.REP)
+    taken.bind("inproc://zeromq.zap.01")
+    try:
+        with pytest.raises(RuntimeError, match="a context has one ZAP handler"):
+            async with tskv.open_publisher(curve_config(keys), context=context):
+                pass
+    finally:
+        taken.close(linger=0)
+        context.term()

@@ -172,7 +172,14 @@ class ZapHandler:
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], security: ServerSecurity) -> None:
         sock = context.socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.bind(ZAP_ENDPOINT)  # must happen before any CURVE socket of this context binds
+        try:
+            sock.bind(ZAP_ENDPOINT)  # must happen before any CURVE socket of this context binds
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise RuntimeError(
+                f"cannot serve ZAP in this ZeroMQ context ({exc.strerror}): a context has one "
+                "ZAP handler; let tskv make a context for an encrypted publisher (pass none)"
+            ) from None
         self._sock = TrioSocket(sock)
         self._security = security
         self._refusals = LogLimiter()
