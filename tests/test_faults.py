@@ -166,3 +166,22 @@ def test_sync_fixture_drives_a_consumer_in_another_thread(
 
     assert trio.run(consume) == [0, 1, 2, 4, 6]
     assert losses == [Loss(3, 3, LossReason.EVICTED), Loss(5, 5, LossReason.UNDECODABLE)]
+
+
+async def test_the_scripted_replay_survives_a_client_that_leaves(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    import zmq
+
+    from tests.zmq_helpers import raw_socket, request_replay
+
+    for n in range(2000):
+        tskv_scripted.drop(ev(n))
+    assert tskv_scripted.replay_endpoint is not None
+    async with raw_socket(zmq.DEALER, tskv_scripted.replay_endpoint) as leaving:
+        leaving.sock.setsockopt(zmq.RCVHWM, 1)
+        await leaving.send([b"", (0).to_bytes(8, "big")])
+        await leaving.receive()  # the replay has begun; the client now goes away
+    async with raw_socket(zmq.DEALER, tskv_scripted.replay_endpoint) as fresh:
+        replies = await request_replay(fresh, 1990)
+    assert [seq for seq, _ in replies] == list(range(1990, 2000))

@@ -14,6 +14,7 @@ threads or asyncio are testable). `tskv.pytest_plugin` turns them into fixtures.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -126,10 +127,17 @@ class ScriptedPublisher:
             if self.replay_mode == "never":
                 continue
             await trio.sleep(self.replay_delay)
-            for seq in sorted(seq for seq in self.buffer if seq >= start):
-                reply = frames.replay_reply(client, seq, self.buffer[seq])
-                await router.send(self._layout(reply))
-            await router.send(self._layout(frames.replay_end(client)))
+            replies = [
+                frames.replay_reply(client, seq, self.buffer[seq])
+                for seq in sorted(seq for seq in self.buffer if seq >= start)
+            ]
+            try:
+                for reply in [*replies, frames.replay_end(client)]:
+                    await router.send(self._layout(reply))
+            except zmq.ZMQError as exc:
+                if exc.errno != errno.EHOSTUNREACH:
+                    raise
+                # The client left before its replay was over: serve the next one.
 
     def _layout(self, reply: list[bytes]) -> list[bytes]:
         if self.replay_layout == "vllm":
