@@ -17,7 +17,14 @@ from typing import Any
 import attrs
 import msgpack
 
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    not_an_event,
+)
 
 
 class WireError(ValueError):
@@ -30,9 +37,7 @@ _ALL_CLEARED = ("AllBlocksCleared",)
 
 
 def _plain_event(event: KVEvent) -> tuple[Any, ...]:
-    kind = type(event)
-    if kind is BlockStored:
-        assert isinstance(event, BlockStored)
+    if isinstance(event, BlockStored):
         return (
             "BlockStored",
             event.block_hashes,
@@ -40,15 +45,11 @@ def _plain_event(event: KVEvent) -> tuple[Any, ...]:
             event.token_ids,
             event.block_size,
         )
-    if kind is BlockRemoved:
-        assert isinstance(event, BlockRemoved)
+    if isinstance(event, BlockRemoved):
         return ("BlockRemoved", event.block_hashes)
-    if kind is AllBlocksCleared:
+    if isinstance(event, AllBlocksCleared):
         return _ALL_CLEARED
-    raise TypeError(
-        f"{event!r} is not a BlockStored, BlockRemoved or AllBlocksCleared; translate scheduler "
-        "objects with tskv.scheduler_kv_event_to_wire_event"
-    )
+    raise not_an_event("event", event)
 
 
 def to_plain(batch: KVEventBatch) -> Plain:
@@ -126,7 +127,7 @@ def codec_name() -> str:
 
 def encode_batch(batch: KVEventBatch) -> bytes:
     """The payload frame for `batch`, byte for byte as TokenSpeed's publisher writes it."""
-    return _ACTIVE.pack(to_plain(batch))
+    return _ACTIVE.encode_batch(batch)
 
 
 def encode_round(ts: float, events: Iterable[KVEvent], rank: int) -> bytes | None:

@@ -123,15 +123,19 @@ def _ts(value: float) -> float:
     return value
 
 
+def not_an_event(where: str, value: object) -> TypeError:
+    """The error for a foreign object where a KV event belongs, naming the fix."""
+    return TypeError(
+        f"{where} = {value!r} is not a BlockStored, BlockRemoved or AllBlocksCleared; translate "
+        "scheduler objects with tskv.scheduler_kv_event_to_wire_event"
+    )
+
+
 def _events(values: Iterable[KVEvent]) -> tuple[KVEvent, ...]:
     items = tuple(values)
     for index, event in enumerate(items):
         if not isinstance(event, EVENT_TYPES):
-            raise TypeError(
-                f"events[{index}] = {event!r} is not a BlockStored, BlockRemoved or "
-                "AllBlocksCleared; translate scheduler objects with "
-                "tskv.scheduler_kv_event_to_wire_event"
-            )
+            raise not_an_event(f"events[{index}]", event)
     return items
 
 
