@@ -136,7 +136,7 @@ def _positive(value: str) -> int:
     return number
 
 
-def _sim_flags(parser: argparse.ArgumentParser, rounds: int | None = 300) -> None:
+def _sim_flags(parser: argparse.ArgumentParser, rounds: int | None = SimOptions().rounds) -> None:
     length = parser.add_mutually_exclusive_group()
     length.add_argument(
         "--rounds",
@@ -145,27 +145,43 @@ def _sim_flags(parser: argparse.ArgumentParser, rounds: int | None = 300) -> Non
         help=f"scheduling rounds to run (default: {rounds or 'until Ctrl-C'})",
     )
     length.add_argument("--duration", type=_positive_float, help="seconds to run instead")
+    defaults = SimOptions()  # one source for the defaults: the options the library takes
     parser.add_argument(
-        "--requests-per-round", type=_non_negative, default=2, help="new requests per round (2)"
+        "--requests-per-round",
+        type=_non_negative,
+        default=defaults.requests_per_round,
+        help=f"new requests per round ({defaults.requests_per_round})",
     )
-    parser.add_argument("--block-size", type=_positive, default=16, help="tokens per block (16)")
     parser.add_argument(
-        "--cache-blocks", type=_positive, default=512, help="blocks the prefix cache holds (512)"
+        "--block-size",
+        type=_positive,
+        default=defaults.block_size,
+        help=f"tokens per block ({defaults.block_size})",
+    )
+    parser.add_argument(
+        "--cache-blocks",
+        type=_positive,
+        default=defaults.cache_blocks,
+        help=f"blocks the prefix cache holds ({defaults.cache_blocks})",
     )
     parser.add_argument(
         "--ranks",
         type=_positive,
-        default=1,
-        help="data-parallel ranks, one scheduler and publisher each, ports offset by rank (1)",
+        default=defaults.ranks,
+        help="data-parallel ranks, one scheduler and publisher each, ports offset by rank "
+        f"({defaults.ranks})",
     )
     parser.add_argument(
-        "--seed", type=_non_negative, default=0, help="workload seed: same seed, same stream (0)"
+        "--seed",
+        type=_non_negative,
+        default=defaults.seed,
+        help=f"workload seed: same seed, same stream ({defaults.seed})",
     )
     parser.add_argument(
         "--round-interval",
         type=_positive_float,
-        default=0.01,
-        help="seconds between scheduling rounds (0.01)",
+        default=defaults.round_interval,
+        help=f"seconds between scheduling rounds ({defaults.round_interval})",
     )
 
 
