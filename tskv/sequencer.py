@@ -95,23 +95,25 @@ class Sequencer:
 
     def _drain_pending(self, actions: list[Action]) -> None:
         """Deliver held live batches that now follow on without a hole."""
+        while self.expected in self.pending:
+            seq = self.expected
+            actions.append(self._deliver(seq, self.pending.pop(seq), False))
+
+    def _advance_to(self, target: int, reason: LossReason, actions: list[Action]) -> None:
+        """Move on to `target`: deliver the held batches on the way, report the holes."""
         assert self.expected is not None
-        for seq in sorted(self.pending):
-            if seq < self.expected:
-                del self.pending[seq]  # replay delivered it already
-            elif seq == self.expected:
-                actions.append(self._deliver(seq, self.pending.pop(seq), False))
-            else:
-                break
+        while self.expected < target:
+            if self.expected in self.pending:
+                self._drain_pending(actions)
+                continue
+            next_held = min((seq for seq in self.pending if seq < target), default=target)
+            actions.append(Loss(self.expected, next_held - 1, reason))
+            self.expected = next_held
 
     def _give_up_to_next_pending(self, reason: LossReason, actions: list[Action]) -> None:
         """Report the hole before the next held batch as lost, and deliver from there."""
-        assert self.expected is not None
         if self.pending:
-            first_held = min(self.pending)
-            if first_held > self.expected:
-                actions.append(Loss(self.expected, first_held - 1, reason))
-                self.expected = first_held
+            self._advance_to(min(self.pending), reason, actions)
         self._drain_pending(actions)
 
     def live(self, seq: int, payload: bytes) -> list[Action]:
@@ -155,8 +157,9 @@ class Sequencer:
         assert self.expected is not None
         if seq < self.expected:
             return actions
-        if seq > self.expected:
-            actions.append(Loss(self.expected, seq - 1, LossReason.EVICTED))
+        self.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
+        # Replay skipping ahead means the buffer lost what came before, but not what we hold.
+        self._advance_to(seq, LossReason.EVICTED, actions)
         actions.append(self._deliver(seq, payload, True))
         self._drain_pending(actions)
         return actions
