@@ -220,10 +220,12 @@ def test_clear_text_on_a_reachable_address_is_warned_about(
         )
         == []
     )
-    assert exposed_addresses(["tcp://0.0.0.0:5557", "tcp://[::]:1", "tcp://10.1.2.3:9"]) == [
+    assert exposed_addresses(
+        ["tcp://0.0.0.0:5557", "tcp://[::]:1", "tcp://kv-router.example:9"]
+    ) == [
         "tcp://0.0.0.0:5557",
         "tcp://[::]:1",
-        "tcp://10.1.2.3:9",
+        "tcp://kv-router.example:9",
     ]
     with caplog.at_level(logging.WARNING, logger="tskv"):
         assert warn_if_exposed(["tcp://0.0.0.0:5557", "tcp://127.0.0.1:5558"], 10_000)

@@ -8,8 +8,6 @@ import time
 from collections import Counter
 from typing import Any, TextIO
 
-import trio
-
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from tskv.sequencer import Loss, LossReason
 from tskv.subscriber import Subscriber, open_subscriber
@@ -140,4 +138,3 @@ async def listen(
             count += 1
             if limit is not None and count >= limit:
                 return
-            await trio.lowlevel.checkpoint()
