@@ -18,6 +18,7 @@ import attrs
 import msgpack
 
 from tskv.events import (
+    EVENT_TYPES,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -33,22 +34,10 @@ class WireError(ValueError):
 
 Plain = tuple[float, list[tuple[Any, ...]], "int | None"]
 
-_ALL_CLEARED = ("AllBlocksCleared",)
-
 
 def _plain_event(event: KVEvent) -> tuple[Any, ...]:
-    if isinstance(event, BlockStored):
-        return (
-            "BlockStored",
-            event.block_hashes,
-            event.parent_block_hash,
-            event.token_ids,
-            event.block_size,
-        )
-    if isinstance(event, BlockRemoved):
-        return ("BlockRemoved", event.block_hashes)
-    if isinstance(event, AllBlocksCleared):
-        return _ALL_CLEARED
+    if isinstance(event, EVENT_TYPES):
+        return event.wire  # built once, when the event was
     raise not_an_event("event", event)
 
 

@@ -96,6 +96,13 @@ class BlockStored:
     parent_block_hash: int | None = attrs.field(converter=_parent_hash)
     token_ids: tuple[int, ...] = attrs.field(converter=_token_ids)
     block_size: int = attrs.field(converter=_block_size)
+    # The event as its msgpack array holds it, built once: events are immutable, and building
+    # it on every publish was a visible share of a large round's cost.
+    wire: tuple[object, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        wire = ("BlockStored", self.block_hashes, self.parent_block_hash, self.token_ids)
+        object.__setattr__(self, "wire", (*wire, self.block_size))
 
 
 @attrs.frozen(slots=True)
@@ -103,11 +110,19 @@ class BlockRemoved:
     """Blocks evicted from the cache."""
 
     block_hashes: tuple[int, ...] = attrs.field(converter=_block_hashes)
+    wire: tuple[object, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "wire", ("BlockRemoved", self.block_hashes))
 
 
 @attrs.frozen(slots=True)
 class AllBlocksCleared:
     """The whole prefix cache was reset; consumers forget every block of this worker."""
+
+    wire: tuple[object, ...] = attrs.field(
+        init=False, default=("AllBlocksCleared",), eq=False, repr=False
+    )
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
