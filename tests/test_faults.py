@@ -37,7 +37,7 @@ async def test_dropped_batches_come_back_from_replay(tskv_scripted: ScriptedPubl
         tskv_scripted.send(ev(3))
         assert await take(sub, 4) == [0, 1, 2, 3]
     assert losses == [] and sub.statistics().repaired == 2
-    assert tskv_scripted.replay_requests == [1]
+    assert tskv_scripted.replay_requests == [0]  # from the last batch delivered, to compare
 
 
 async def test_a_buffer_that_no_longer_covers_the_gap_is_a_loss(
@@ -66,6 +66,57 @@ async def test_a_restart_is_reported_and_delivery_goes_on(tskv_scripted: Scripte
         tskv_scripted.send(ev(100))
         assert await take(sub, 4) == [0, 1, 2, 0]
     assert losses == [Loss(3, None, LossReason.RESTART, new_seq=0)]
+
+
+async def test_a_restart_heard_only_after_the_new_sequence_began_is_delivered_from_0(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        for n in range(100):
+            tskv_scripted.send(ev(n))
+        tskv_scripted.restart()
+        for n in range(65):  # sent before this subscriber's subscription reached the new one
+            tskv_scripted.drop(ev(1000 + n))
+        tskv_scripted.send(ev(1065))
+        got = await take_batches(sub, 166)
+    assert [seq for seq, _ in got] == list(range(100)) + list(range(66))
+    assert [list(batch.events) for _, batch in got[100:]] == [ev(1000 + n) for n in range(66)]
+    assert losses == [Loss(100, None, LossReason.RESTART, new_seq=0)]
+
+
+async def test_a_restart_already_past_our_seq_is_not_spliced_onto_the_old_sequence(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        for n in range(20):
+            tskv_scripted.send(ev(n))
+        tskv_scripted.restart()  # the publisher died after seq 19; its successor...
+        for n in range(211):
+            tskv_scripted.drop(ev(5000 + n))  # ...was at 211 before we heard from it
+        tskv_scripted.send(ev(5211))
+        got = await take_batches(sub, 20 + 212)
+    assert [seq for seq, _ in got] == list(range(20)) + list(range(212))
+    assert [list(batch.events) for _, batch in got[20:]] == [ev(5000 + n) for n in range(212)]
+    assert losses == [Loss(20, None, LossReason.RESTART, new_seq=0)]
+    assert tskv_scripted.replay_requests == [19, 0]  # compare at our last seq, then refetch
+
+
+async def take_batches(sub: tskv.Subscriber, count: int) -> list[tuple[int, tskv.KVEventBatch]]:
+    got = []
+    with trio.fail_after(10):
+        async for item in sub:
+            got.append(item)
+            if len(got) == count:
+                break
+    return got
 
 
 async def test_a_corrupt_payload_is_reported_not_raised(tskv_scripted: ScriptedPublisher) -> None:
@@ -111,7 +162,7 @@ async def test_a_silent_replay_is_a_loss_after_the_timeout(
         tskv_scripted.send(ev(3))
         assert await take(sub, 3) == [0, 2, 3]
     assert losses == [Loss(1, 1, LossReason.REPLAY_TIMEOUT)]
-    assert tskv_scripted.replay_requests == [1]
+    assert tskv_scripted.replay_requests == [0]  # from the last batch delivered, to compare
 
 
 @pytest.mark.parametrize("layout", ["tokenspeed", "vllm"])

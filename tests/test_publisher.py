@@ -311,9 +311,9 @@ async def test_replay_to_a_slow_client_is_not_truncated_at_the_hwm() -> None:
 
 
 async def test_a_replay_client_that_leaves_is_abandoned_cleanly() -> None:
-    cfg = config(hwm=10, buffer_steps=500)
+    cfg = config(hwm=10, buffer_steps=500, replay_client_timeout=0.2)
     async with (
-        tskv.open_publisher(cfg, replay_client_timeout=0.2) as publisher,
+        tskv.open_publisher(cfg) as publisher,
         subscribed(publisher) as sub,
     ):
         for n in range(500):

@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 import tskv
 from tests.processes import killed_after
 from tskv import BlockRemoved, ConfigError, KVEventsConfig, Loss
-from tskv.replay_limits import ReplayLimits, RequestGate
+from tskv.replay_limits import Peer, RequestGate
 from tskv.security import (
     KeyFileError,
     exposed_addresses,
     generate_keys,
     load_key_pair,
     load_public_key,
+    server_security,
     warn_if_exposed,
     zap_reply,
 )
@@ -95,7 +96,7 @@ def test_curve_config_must_say_who_may_connect(keys: dict[str, Path]) -> None:
     config = KVEventsConfig.from_json(
         f'{{"curve_secret_key": "{keys["server_secret"]}", "curve_allow_any_client": true}}'
     )
-    security = config.server_security()
+    security = server_security(config)
     assert security is not None and security.allowed is None
 
 
@@ -246,18 +247,40 @@ async def test_a_loopback_publisher_does_not_warn(caplog: pytest.LogCaptureFixtu
 
 def test_rate_limit_and_concurrency_gate() -> None:
     now = [0.0]
-    gate = RequestGate(ReplayLimits(max_concurrent=2, rate=1.0, burst=2), lambda: now[0])
-    assert gate.refusal(b"a", active=0, client_active=False) is None
-    assert gate.refusal(b"a", active=1, client_active=True) is None
-    refusal = gate.refusal(b"a", active=1, client_active=True)
-    assert refusal is not None and "rate limit" in refusal
+    limits = KVEventsConfig(replay_max_concurrent=2, replay_rate=1.0, replay_burst=2)
+    gate = RequestGate(limits, lambda: now[0])
+    a, b, c = Peer(b"a"), Peer(b"b"), Peer(b"c")
+    assert gate.refusal(a, active=0, client_active=False) is None
+    assert gate.refusal(a, active=1, client_active=True) is None
+    refusal = gate.refusal(a, active=1, client_active=True)
+    assert refusal is not None and "rate limit of 1 requests/s per client" in refusal
     now[0] += 1.0  # one token back
-    assert gate.refusal(b"a", active=1, client_active=True) is None
-    assert gate.refusal(b"b", active=1, client_active=False) is None
-    refusal = gate.refusal(b"c", active=2, client_active=False)
+    assert gate.refusal(a, active=1, client_active=True) is None
+    assert gate.refusal(b, active=1, client_active=False) is None
+    refusal = gate.refusal(c, active=2, client_active=False)
     assert refusal is not None and "2 replays already in progress" in refusal
-    assert RequestGate(ReplayLimits(max_batches=5), lambda: 0.0).stop_seq(10, 100) == 15
-    assert RequestGate(ReplayLimits(), lambda: 0.0).stop_seq(10, 100) == 100
+    capped = RequestGate(KVEventsConfig(replay_max_batches=5), lambda: 0.0)
+    assert capped.stop_seq(10, 100) == 15
+    assert RequestGate(KVEventsConfig(), lambda: 0.0).stop_seq(10, 100) == 100
+
+
+def test_connections_from_one_host_have_their_own_budgets_and_share_a_larger_one() -> None:
+    now = [0.0]
+    gate = RequestGate(KVEventsConfig(replay_rate=1.0, replay_burst=1), lambda: now[0])
+    noisy, honest = Peer(b"noisy", host="127.0.0.1"), Peer(b"honest", host="127.0.0.1")
+    assert gate.refusal(noisy, 0, True) is None
+    for _ in range(100):  # a neighbour flooding on its own connection spends only its budget
+        assert gate.refusal(noisy, 0, True) is not None
+    assert gate.refusal(honest, 0, False) is None
+    # Many connections from the host together get 8 clients' worth, then the host is refused.
+    flood = [Peer(f"c{n}".encode(), host="127.0.0.1") for n in range(20)]
+    served = [gate.refusal(peer, 0, False) is None for peer in flood]
+    assert served.count(True) == 8 - 2  # the host's burst of 8, less the two served above
+    refusal = gate.refusal(Peer(b"late", host="127.0.0.1"), 0, False)
+    assert refusal is not None and "for host 127.0.0.1" in refusal
+    # With CURVE, a client is its key: a new connection does not get a new budget.
+    keyed = [Peer(f"k{n}".encode(), user="KEY", host="127.0.0.1") for n in range(3)]
+    assert [gate.refusal(peer, 0, False) is None for peer in keyed] == [True, False, False]
 
 
 @settings(
@@ -415,3 +438,27 @@ async def test_a_context_that_already_serves_zap_is_refused_clearly(keys: dict[s
     finally:
         taken.close(linger=0)
         context.term()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666, 0o640, 0o604])
+def test_a_secret_key_file_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
+    _, secret_path = generate_keys(tmp_path, "node")
+    os.chmod(secret_path, mode)
+    with pytest.raises(KeyFileError, match=rf"mode {mode:04o}.*chmod 600"):
+        load_key_pair(secret_path)
+    os.chmod(secret_path, 0o600)
+    assert load_key_pair(secret_path).secret
+
+
+def test_secret_keys_never_appear_in_a_repr(tmp_path: Path) -> None:
+    from tskv.security import ClientSecurity
+
+    _, secret_path = generate_keys(tmp_path / "server", "server")
+    public_path, client_secret = generate_keys(tmp_path / "client", "client")
+    config = KVEventsConfig(curve_secret_key=str(secret_path), curve_allow_any_client=True)
+    server = server_security(config)
+    client = ClientSecurity.from_files(public_path, client_secret)
+    assert server is not None
+    for holder, secret in ((server, server.keys.secret), (client, client.keys.secret)):
+        text = repr(holder) + str(holder)
+        assert secret.decode() not in text and "<hidden>" in text

@@ -28,8 +28,9 @@ def test_gap_is_repaired_from_replay_before_later_live_batches() -> None:
     s = Sequencer(has_replay=True)
     s.live(0, p(0))
     [request] = s.live(3, p(3))
-    assert request == RequestReplay(1, 1)
+    assert request == RequestReplay(0, 1)  # from the last delivered batch, to compare it
     assert s.live(4, p(4)) == []  # held while the repair runs
+    assert s.replayed(1, 0, p(0)) == []  # the same batch as delivered: the same stream
     actions = s.replayed(1, 1, p(1)) + s.replayed(1, 2, p(2))
     assert delivered(actions) == [1, 2, 3, 4]
     assert [a.from_replay for a in actions if isinstance(a, Deliver)] == [True, True, False, False]
@@ -123,12 +124,105 @@ def test_replay_that_ends_before_later_batches_asks_again() -> None:
     s.live(2, p(2))
     s.live(5, p(5))
     s.replayed(1, 1, p(1))  # delivers 1, 2
-    assert s.replay_ended(1) == [RequestReplay(3, 2)]  # 3, 4 came after the first request
+    assert s.replay_ended(1) == [RequestReplay(2, 2)]  # 3, 4 came after the first request
 
 
 def test_start_seq_needs_replay() -> None:
     with pytest.raises(ValueError, match="start_seq = 4 needs a replay endpoint"):
         Sequencer(has_replay=False, start_seq=4).start()
+
+
+def test_a_restart_first_heard_past_seq_0_is_fetched_from_its_start() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(100):
+        s.live(seq, p(seq))
+    # The new publisher sent 0..64 before this subscriber's subscription reached it.
+    actions = s.live(65, b"new-65")
+    assert actions == [Loss(100, None, LossReason.RESTART, new_seq=0), RequestReplay(0, 2)]
+    replies = [s.replayed(2, seq, f"new-{seq}".encode()) for seq in range(66)]
+    delivered_seqs = [a.seq for batch in replies for a in batch if isinstance(a, Deliver)]
+    assert delivered_seqs == list(range(66))
+    assert s.replay_ended(2) == []
+
+
+def test_a_restart_without_replay_reports_what_the_new_sequence_sent_unheard() -> None:
+    s = Sequencer(has_replay=False)
+    s.live(7, p(7))
+    assert s.live(3, b"new-3") == [
+        Loss(8, None, LossReason.RESTART, new_seq=0),
+        Loss(0, 2, LossReason.NO_REPLAY),
+        Deliver(3, b"new-3", False),
+    ]
+
+
+def test_a_new_sequence_already_past_ours_is_told_apart_by_replay() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(20):
+        s.live(seq, p(seq))
+    # The publisher died after 19; its successor is at 211 when we next hear from it.
+    assert s.live(211, b"new-211") == [RequestReplay(19, 1)]
+    # Replay holds the new sequence: its batch 19 is not the one we delivered.
+    assert s.replayed(1, 19, b"new-19") == [
+        Loss(20, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, 2),
+    ]
+    assert s.replayed(1, 20, b"new-20") == []  # the rest of the old request is ignored
+    actions = [a for seq in range(211) for a in s.replayed(2, seq, f"new-{seq}".encode())]
+    assert [a.seq for a in actions if isinstance(a, Deliver)] == list(range(212))
+    assert all(not isinstance(a, Loss) for a in actions)
+
+
+def test_when_our_last_batch_is_evicted_the_gap_is_reported_not_spliced_silently() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(20):
+        s.live(seq, p(seq))
+    s.live(5000, p(5000))
+    # Replay starts at 4000: the batch to compare with is gone, so this cannot be told apart
+    # from a long gap in one stream; it is reported as lost (docs/consumer.md says so).
+    actions = s.replayed(1, 4000, p(4000))
+    assert actions[0] == Loss(20, 3999, LossReason.EVICTED)
+
+
+def test_an_absurd_jump_is_a_discontinuity_not_a_loss_of_2_to_the_63() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(10):
+        s.live(seq, p(seq))
+    actions = s.live(2**63, b"garbage")
+    assert actions == [
+        Loss(10, None, LossReason.RESTART, new_seq=2**63),
+        Deliver(2**63, b"garbage", False),
+    ]
+    assert not s.pending
+    # The real stream goes on: to this subscriber that is a seq going back, a restart.
+    assert s.live(10, p(10)) == [
+        Loss(2**63 + 1, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, 3),
+    ]
+
+
+def test_the_hold_is_bounded_and_what_it_let_go_is_fetched_again() -> None:
+    s = Sequencer(has_replay=True, max_held=3)
+    s.live(0, p(0))
+    assert s.live(2, p(2)) == [RequestReplay(0, 1)]
+    for seq in range(3, 10):
+        assert s.live(seq, p(seq)) == []
+    assert sorted(s.pending) == [2, 3, 4]  # 5..9 were let go, not held
+    s.replayed(1, 0, p(0))
+    assert [a.seq for a in s.replayed(1, 1, p(1)) if isinstance(a, Deliver)] == [1, 2, 3, 4]
+    assert s.replay_ended(1) == [RequestReplay(4, 2)]  # ask for what was let go
+    s.replayed(2, 4, p(4))
+    actions = [a for seq in range(5, 10) for a in s.replayed(2, seq, p(seq))]
+    assert [a.seq for a in actions if isinstance(a, Deliver)] == [5, 6, 7, 8, 9]
+
+
+def test_a_replay_that_keeps_refusing_is_reported_as_refused() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    s.live(3, p(3))
+    assert s.replay_failed(1, LossReason.REFUSED) == [
+        Loss(1, 2, LossReason.REFUSED),
+        Deliver(3, p(3), False),
+    ]
 
 
 @settings(max_examples=500)
@@ -138,15 +232,17 @@ def test_start_seq_needs_replay() -> None:
     buffer=st.integers(1, 60),
     lag=st.integers(0, 6),
     has_replay=st.booleans(),
+    max_held=st.integers(1, 70),
 )
 def test_every_seq_is_delivered_once_or_reported_lost(
-    total: int, dropped: set[int], buffer: int, lag: int, has_replay: bool
+    total: int, dropped: set[int], buffer: int, lag: int, has_replay: bool, max_held: int
 ) -> None:
     """A simulated publisher: live seqs minus `dropped`, a replay buffer of the last `buffer`
     seqs, and replay requests answered only after `lag` more batches went out."""
-    s = Sequencer(has_replay=has_replay)
+    s = Sequencer(has_replay=has_replay, max_held=max_held)
     out: list[Deliver | Loss] = []
     requests: list[tuple[int, RequestReplay]] = []  # (published when it may be served, request)
+    let_go: set[int] = set()  # live batches the full hold did not keep
     published = 0
 
     def run(actions: list) -> None:  # type: ignore[type-arg]
@@ -166,10 +262,15 @@ def test_every_seq_is_delivered_once_or_reported_lost(
     for seq in range(total):
         published = seq + 1
         if seq not in dropped:
-            run(s.live(seq, p(seq)))
+            actions = s.live(seq, p(seq))
+            run(actions)
+            taken = any(isinstance(a, Deliver) and a.seq == seq for a in actions)
+            if not taken and seq not in s.pending:
+                let_go.add(seq)
         serve(published)
     while requests:
         serve(requests[0][0])
+    assert len(s.pending) <= max_held
     seen: list[int] = []
     for item in out:
         if isinstance(item, Deliver):
@@ -179,7 +280,7 @@ def test_every_seq_is_delivered_once_or_reported_lost(
             assert item.last_seq is not None
             lost = range(item.first_seq, item.last_seq + 1)
             seen.extend(lost)
-            held = [seq for seq in lost if seq not in dropped]
+            held = [seq for seq in lost if seq not in dropped and seq not in let_go]
             assert held == [], f"batches that arrived live were reported lost: {held}"
             assert has_replay or item.reason is LossReason.NO_REPLAY
     delivered_only = [item.seq for item in out if isinstance(item, Deliver)]
@@ -187,6 +288,51 @@ def test_every_seq_is_delivered_once_or_reported_lost(
     last_live = max(seq for seq in range(total) if seq not in dropped)
     assert seen == list(range(len(seen)))  # nothing missing, nothing twice
     assert len(seen) > last_live  # replay may also deliver dropped batches after the last live
+
+
+@settings(max_examples=400)
+@given(
+    old=st.integers(1, 30),
+    new=st.integers(1, 60),
+    first_heard=st.integers(0, 59),
+    dropped=st.sets(st.integers(0, 59)),
+)
+def test_a_restart_is_detected_and_the_new_sequence_delivered_from_its_start(
+    old: int, new: int, first_heard: int, dropped: set[int]
+) -> None:
+    """The old publisher sends 0..old-1; its successor sends 0..new-1, of which this
+    subscriber hears nothing before `first_heard` and loses `dropped` on the way. Replay holds
+    the successor's whole sequence. Unless the successor is first heard exactly where the old
+    sequence would have gone on (which no subscriber can tell apart), the consumer sees the old
+    sequence, one RESTART, then every batch of the new one from 0, each once, none of the old."""
+    first_heard = min(first_heard, new - 1)
+    if first_heard == old:
+        return  # indistinguishable from a continuation: documented in docs/consumer.md
+    s = Sequencer(has_replay=True)
+    out: list[Deliver | Loss] = []
+    pending: list[RequestReplay] = []
+
+    def run(actions: list) -> None:  # type: ignore[type-arg]
+        for action in actions:
+            (pending if isinstance(action, RequestReplay) else out).append(action)
+
+    for seq in range(old):
+        run(s.live(seq, f"old-{seq}".encode()))
+    for seq in range(first_heard, new):
+        if seq not in dropped or seq in (first_heard, new - 1):  # a loss at the very end
+            # is noticed only when something follows it (docs/consumer.md)
+            run(s.live(seq, f"new-{seq}".encode()))
+        while pending:  # replay answers at once from the successor's buffer
+            request = pending.pop(0)
+            for replayed in range(request.start_seq, seq + 1):
+                run(s.replayed(request.request_id, replayed, f"new-{replayed}".encode()))
+            run(s.replay_ended(request.request_id))
+    restarts = [i for i, item in enumerate(out) if isinstance(item, Loss)]
+    assert [out[i].reason for i in restarts] == [LossReason.RESTART]  # type: ignore[union-attr]
+    before, after = out[: restarts[0]], out[restarts[0] + 1 :]
+    assert all(isinstance(i, Deliver) and i.payload.startswith(b"old-") for i in before)
+    assert all(isinstance(i, Deliver) and i.payload.startswith(b"new-") for i in after)
+    assert [i.seq for i in after] == list(range(new))  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("reason", list(LossReason))

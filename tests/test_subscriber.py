@@ -121,29 +121,38 @@ async def test_evicted_batches_are_reported_through_on_loss() -> None:
     assert sub.statistics().lost == 20
 
 
-async def test_publisher_restart_on_the_same_endpoint_is_reported() -> None:
+async def test_a_publisher_restarted_on_the_same_endpoints_is_followed_from_its_seq_0() -> None:
     losses: list[Loss] = []
-    # The subscriber binds loopback; each run of the publisher connects to it, as a restarted
-    # engine would.
-    async with tskv.open_subscriber(LOOPBACK, on_loss=losses.append) as sub:
+    # The subscriber binds loopback and each run of the publisher connects to it, as a
+    # restarted engine would; the replay ROUTER is bound on the same port both times.
+    first = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(first) as probe:
+        replay_endpoint = probe.replay_endpoint  # a port the OS picked, free again below
+    assert replay_endpoint is not None
+    async with tskv.open_subscriber(LOOPBACK, replay_endpoint, on_loss=losses.append) as sub:
         assert sub.endpoint.startswith("tcp://127.0.0.1:") and "*" not in sub.endpoint
-        seqs = []
-        for run in range(2):
-            cfg = KVEventsConfig(endpoint=sub.endpoint)
-            async with tskv.open_publisher(cfg) as publisher:
-                with trio.fail_after(10):
-                    await publisher.wait_for_subscriber()
-                for n in range(3):
-                    await publisher.publish(events(run * 10 + n))
-                with trio.fail_after(10):
-                    for _ in range(3):
-                        seq, batch = await sub.__anext__()
-                        seqs.append((seq, batch.events[0]))
+        config = KVEventsConfig(endpoint=sub.endpoint, replay_endpoint=replay_endpoint)
+        async with tskv.open_publisher(config) as publisher:
+            with trio.fail_after(10):
+                await publisher.wait_for_subscriber()
+            for n in range(100):
+                await publisher.publish(events(n))
+            old = [await sub.__anext__() for _ in range(100)]
+        async with tskv.open_publisher(config) as publisher:
+            for n in range(65):  # at once: before the subscriber's connection is back
+                publisher.publish_nowait(events(1000 + n))
+            with trio.fail_after(10):
+                await publisher.wait_for_subscriber()
+            for n in range(65, 70):
+                await publisher.publish(events(1000 + n))
+            with trio.fail_after(10):
+                new = [await sub.__anext__() for _ in range(70)]
         stats = sub.statistics()
-    assert [seq for seq, _ in seqs] == [0, 1, 2, 0, 1, 2]
-    assert [event for _, event in seqs] == [BlockRemoved([n]) for n in (0, 1, 2, 10, 11, 12)]
-    assert losses == [Loss(3, None, LossReason.RESTART, new_seq=0)]
-    assert stats.restarts == 1
+    assert [seq for seq, _ in old] == list(range(100))
+    assert [seq for seq, _ in new] == list(range(70))
+    assert [list(batch.events) for _, batch in new] == [events(1000 + n) for n in range(70)]
+    assert losses == [Loss(100, None, LossReason.RESTART, new_seq=0)]
+    assert stats.restarts == 1 and stats.lost == 0
 
 
 async def test_bad_arguments_are_refused_clearly() -> None:

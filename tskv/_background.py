@@ -22,9 +22,17 @@ def unwrap_single_exception() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
-            raise group.exceptions[0] from None
-        raise
+        if len(group.exceptions) != 1 or isinstance(group.exceptions[0], BaseExceptionGroup):
+            raise
+        error = group.exceptions[0]
+        # Raising it here would chain it to the group; keep the chain it was raised with
+        # (`raise X from Y` stays X caused by Y).
+        cause, context, suppress = error.__cause__, error.__context__, error.__suppress_context__
+        try:
+            raise error
+        finally:
+            error.__cause__, error.__context__ = cause, context
+            error.__suppress_context__ = suppress
 
 
 @asynccontextmanager

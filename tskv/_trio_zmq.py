@@ -12,7 +12,7 @@ ZeroMQ multipart messages are atomic, so a message is either wholly sent or not 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import trio
@@ -32,10 +32,6 @@ class TrioSocket:
         self.sock = sock
         self._fd = cast(int, sock.getsockopt(zmq.FD))
         self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -153,22 +149,29 @@ def open_socket(
     bind: bool,
     hwm: int,
     security: Secures | None = None,
+    max_message_size: int = -1,
+    prepare: Callable[[zmq.Socket[bytes], str], object] | None = None,
 ) -> tuple[TrioSocket, str]:
     """A publisher-side socket, set up as tskv needs it, bound or connected.
 
     An XPUB is a PUB on the wire that also reports every subscription, so a publisher can wait
     for subscribers instead of sleeping. A ROUTER gets ROUTER_MANDATORY: without it, replies
     to a slow client are silently dropped at the high-water mark, truncating its replay.
+    `max_message_size` bounds what a peer may send (a larger message disconnects it);
+    `prepare(sock, label)` runs just before the socket binds or connects (to attach a monitor).
     """
     sock = context.socket(kind)
     try:
         sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
         if security is not None:
             security.apply(sock)
         if kind == zmq.XPUB:
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)
         if kind == zmq.ROUTER:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if prepare is not None:
+            prepare(sock, f"{'replay' if kind == zmq.ROUTER else 'publisher'} {endpoint}")
         address = attach(sock, endpoint, bind)
     except BaseException:
         sock.close(linger=0)

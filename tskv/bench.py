@@ -513,7 +513,7 @@ def _shutdown_time(full: bool) -> float:
             if full:
                 payload = tskv.encode_batch(KVEventBatch(time.time(), events, 0))
                 for _ in range(config.max_queue_size):  # fill without a checkpoint
-                    publisher._queue_payload_nowait(payload)
+                    publisher.publish_encoded_nowait(payload)
             else:
                 await trio.sleep(0.05)
             started = time.perf_counter()

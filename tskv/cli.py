@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+import attrs
 import trio
 
 import tskv
@@ -49,7 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Ctrl-C ends it with a summary.",
     )
     listen.add_argument("endpoint", type=_endpoint, help="the publisher's PUB endpoint")
-    listen.add_argument("--replay", type=_endpoint, help="the publisher's replay endpoint")
+    listen.add_argument(
+        "--replay-endpoint",
+        "--replay",
+        dest="replay",
+        type=_endpoint,
+        help="the publisher's replay endpoint (--replay is the older spelling)",
+    )
     listen.add_argument("--topic", default="", help="only batches whose topic starts with this")
     listen.add_argument(
         "--from-seq", type=_non_negative, help="fetch batches from this seq on from replay first"
@@ -81,9 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds, for a router or indexer under test.",
     )
     simulate.add_argument(
-        "--endpoint", type=_endpoint, default="tcp://*:5557", help="PUB endpoint (tcp://*:5557)"
+        "--kv-events-config",
+        metavar="JSON",
+        help="the publisher's settings as the JSON engines take (every KVEventsConfig key); "
+        "the flags below override it",
     )
-    simulate.add_argument("--replay-endpoint", type=_endpoint, help="replay ROUTER endpoint")
+    simulate.add_argument(
+        "--endpoint", type=_endpoint, help="PUB endpoint (default from the config: tcp://*:5557)"
+    )
+    simulate.add_argument(
+        "--replay-endpoint", "--replay", type=_endpoint, help="replay ROUTER endpoint"
+    )
     simulate.add_argument(
         "--curve-secret-key",
         metavar="FILE",
@@ -209,23 +224,44 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
+    """The publisher config `tskv simulate` runs with: --kv-events-config, then the flags."""
+    base = (
+        KVEventsConfig()
+        if args.kv_events_config is None
+        else (KVEventsConfig.from_json(args.kv_events_config))
+    )
+    flags = {
+        "endpoint": args.endpoint,
+        "replay_endpoint": args.replay_endpoint,
+        "curve_secret_key": args.curve_secret_key,
+        "curve_clients": args.curve_clients,
+        "curve_allow_any_client": args.curve_allow_any_client or None,
+    }
+    changes = {key: value for key, value in flags.items() if value is not None}
+    if "curve_clients" in changes:
+        changes["curve_allow_any_client"] = False
+    if changes.get("curve_allow_any_client"):
+        changes["curve_clients"] = None
+    return attrs.evolve(base, **changes)
+
+
 def _run_simulate(args: argparse.Namespace) -> int:
     from tskv.demo import simulate
+    from tskv.security import server_security
 
     try:
-        config = KVEventsConfig(
-            endpoint=args.endpoint,
-            replay_endpoint=args.replay_endpoint,
-            curve_secret_key=args.curve_secret_key,
-            curve_clients=args.curve_clients,
-            curve_allow_any_client=args.curve_allow_any_client,
-        )
-        config.server_security()  # read the key files now, to report a bad one clearly
-    except ValueError as exc:
+        config = simulate_config(args)
+        server_security(config)  # read the key files now, to report a bad one clearly
+    except (ValueError, OSError) as exc:
         print(f"tskv simulate: {exc}", file=sys.stderr)
         return 2
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a simulation cleanly
-        trio.run(simulate, _sim_options(args), config)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a simulation cleanly
+            trio.run(simulate, _sim_options(args), config)
+    except (ValueError, OSError) as exc:  # an endpoint that cannot be bound, say
+        print(f"tskv simulate: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -244,29 +280,42 @@ def _run_keys(args: argparse.Namespace) -> int:
 
 def _run_listen(args: argparse.Namespace) -> int:
     from tskv.listen import listen, summary
+    from tskv.subscriber import unreachable_reason
 
     if args.from_seq is not None and args.replay is None:
-        print("tskv listen: --from-seq needs --replay ENDPOINT", file=sys.stderr)
+        print("tskv listen: --from-seq needs --replay-endpoint ENDPOINT", file=sys.stderr)
         return 2
     if args.curve_secret_key is not None and args.curve_server_key is None:
         print("tskv listen: --curve-secret-key needs --curve-server-key FILE", file=sys.stderr)
         return 2
-    holder: list[tskv.Subscriber] = []
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a listen ends
-        trio.run(
-            functools.partial(
-                listen,
-                args.endpoint,
-                args.replay,
-                args.topic,
-                args.from_seq,
-                args.json,
-                sys.stdout,
-                holder,
-                curve_server_key=args.curve_server_key,
-                curve_secret_key=args.curve_secret_key,
+    for endpoint in (args.endpoint, args.replay):
+        problem = endpoint and trio.run(unreachable_reason, endpoint)
+        if problem:
+            print(
+                f"tskv listen: cannot reach {endpoint}: {problem}; check the address",
+                file=sys.stderr,
             )
-        )
+            return 2
+    holder: list[tskv.Subscriber] = []
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a listen ends
+            trio.run(
+                functools.partial(
+                    listen,
+                    args.endpoint,
+                    args.replay,
+                    args.topic,
+                    args.from_seq,
+                    args.json,
+                    sys.stdout,
+                    holder,
+                    curve_server_key=args.curve_server_key,
+                    curve_secret_key=args.curve_secret_key,
+                )
+            )
+    except (ValueError, OSError) as exc:  # a bad key file, an ipc path that cannot be used
+        print(f"tskv listen: {exc}", file=sys.stderr)
+        return 2
     if holder:
         print(summary(holder[0]), file=sys.stderr)
     return 0

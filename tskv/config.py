@@ -1,4 +1,7 @@
-"""`--kv-events-config`: the JSON TokenSpeed and vLLM users already write, checked by key."""
+"""`--kv-events-config`: the JSON TokenSpeed and vLLM users already write, checked by key.
+
+Pure: it checks values and reads no files. Key files are read where sockets are opened.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,12 @@ from typing import Any
 
 import attrs
 
+from tskv._checks import int_at_least, number_at_least
 from tskv.endpoints import check_endpoint
-from tskv.replay_limits import ReplayLimits
-from tskv.security import ServerSecurity, load_allowed_keys, load_key_pair
 
 logger = logging.getLogger("tskv")
+
+Validator = Any  # attrs' validator protocol, too loose to spell usefully
 
 
 class ConfigError(ValueError):
@@ -35,37 +39,27 @@ def _check_endpoint(_: object, attribute: attrs.Attribute[Any], value: object) -
         raise ConfigError(f"{attribute.name}: {exc}") from None
 
 
-def _minimum(lowest: int) -> Any:
+def _integer(lowest: int, optional: bool = False) -> Validator:
     def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{attribute.name} = {value!r}: must be an integer")
-        if value < lowest:
-            raise ConfigError(f"{attribute.name} = {value}: must be at least {lowest}")
+        if not (optional and value is None):
+            int_at_least(attribute.name, value, lowest, ConfigError)
 
     return check
 
 
-def _optional_str(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def _number(lowest: float, above: bool = False) -> Validator:
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        number_at_least(attribute.name, value, lowest, above=above, error=ConfigError)
+
+    return check
+
+
+def _optional_path(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"{attribute.name} = {value!r}: must be a file path (a string) or null")
 
 
-def _optional_minimum(lowest: int) -> Any:
-    check = _minimum(lowest)
-
-    def optional(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is not None:
-            check(instance, attribute, value)
-
-    return optional
-
-
-def _positive_number(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{attribute.name} = {value!r}: must be a positive number")
-
-
-def _check_type(kind: type) -> Any:
+def _of_type(kind: type) -> Validator:
     def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if not isinstance(value, kind):
             raise ConfigError(f"{attribute.name} = {value!r}: must be a {kind.__name__}")
@@ -75,24 +69,30 @@ def _check_type(kind: type) -> Any:
 
 @attrs.frozen
 class KVEventsConfig:
-    """Where and how to publish; defaults match TokenSpeed's and vLLM's."""
+    """Where and how to publish; defaults match TokenSpeed's and vLLM's.
+
+    Every path that builds a publisher (open_publisher, ZmqEventPublisher, the factory, the
+    CLI, tskv.testing) takes one of these, so every key means the same everywhere.
+    """
 
     publisher: str | None = attrs.field(default=None, validator=_check_publisher)
     endpoint: str = attrs.field(default="tcp://*:5557", validator=_check_endpoint)
     replay_endpoint: str | None = attrs.field(default=None, validator=_check_endpoint)
-    buffer_steps: int = attrs.field(default=10_000, validator=_minimum(1))
-    hwm: int = attrs.field(default=100_000, validator=_minimum(0))
-    max_queue_size: int = attrs.field(default=100_000, validator=_minimum(1))
-    topic: str = attrs.field(default="", validator=_check_type(str))
-    enable_kv_cache_events: bool = attrs.field(default=False, validator=_check_type(bool))
-    # tskv's own keys (other engines ignore them): encryption and replay limits.
-    curve_secret_key: str | None = attrs.field(default=None, validator=_optional_str)
-    curve_clients: str | None = attrs.field(default=None, validator=_optional_str)
-    curve_allow_any_client: bool = attrs.field(default=False, validator=_check_type(bool))
-    replay_max_concurrent: int = attrs.field(default=8, validator=_minimum(1))
-    replay_max_batches: int | None = attrs.field(default=None, validator=_optional_minimum(1))
-    replay_rate: float = attrs.field(default=20.0, validator=_positive_number)
-    replay_burst: int = attrs.field(default=40, validator=_minimum(1))
+    buffer_steps: int = attrs.field(default=10_000, validator=_integer(1))
+    hwm: int = attrs.field(default=100_000, validator=_integer(0))
+    max_queue_size: int = attrs.field(default=100_000, validator=_integer(1))
+    topic: str = attrs.field(default="", validator=_of_type(str))
+    enable_kv_cache_events: bool = attrs.field(default=False, validator=_of_type(bool))
+    # tskv's own keys (other engines ignore them): encryption, replay limits, timeouts.
+    curve_secret_key: str | None = attrs.field(default=None, validator=_optional_path)
+    curve_clients: str | None = attrs.field(default=None, validator=_optional_path)
+    curve_allow_any_client: bool = attrs.field(default=False, validator=_of_type(bool))
+    replay_max_concurrent: int = attrs.field(default=8, validator=_integer(1))
+    replay_max_batches: int | None = attrs.field(default=None, validator=_integer(1, True))
+    replay_rate: float = attrs.field(default=20.0, validator=_number(0, above=True))
+    replay_burst: int = attrs.field(default=40, validator=_integer(1))
+    replay_client_timeout: float = attrs.field(default=5.0, validator=_number(0, above=True))
+    shutdown_timeout: float = attrs.field(default=1.0, validator=_number(0))
 
     def __attrs_post_init__(self) -> None:
         if self.curve_secret_key is None:
@@ -107,18 +107,9 @@ class KVEventsConfig:
                 "allowed public certificates) or curve_allow_any_client: true, not both"
             )
 
-    def server_security(self) -> ServerSecurity | None:
-        """The CURVE settings, with the key files read; None when encryption is off."""
-        if self.curve_secret_key is None:
-            return None
-        keys = load_key_pair(self.curve_secret_key)
-        allowed = None if self.curve_clients is None else load_allowed_keys(self.curve_clients)
-        return ServerSecurity(keys, allowed)
-
-    def replay_limits(self) -> ReplayLimits:
-        return ReplayLimits(
-            self.replay_max_concurrent, self.replay_max_batches, self.replay_rate, self.replay_burst
-        )
+    @property
+    def encrypted(self) -> bool:
+        return self.curve_secret_key is not None
 
     @property
     def enabled(self) -> bool:
@@ -135,10 +126,22 @@ class KVEventsConfig:
             raise ConfigError(f"kv events config is not valid JSON ({exc}): {text!r}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"kv events config must be a JSON object, got {text!r}")
-        known = {field.name for field in attrs.fields(cls)}
+        return cls.from_mapping(data)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> KVEventsConfig:
+        """Build from keys and values; keys tskv does not use are logged and left out."""
+        known = field_names()
         unknown = sorted(set(data) - known)
         if unknown:
             logger.warning(
                 "kv events config: ignoring keys tskv does not use: %s", ", ".join(unknown)
             )
         return cls(**{key: value for key, value in data.items() if key in known})
+
+    def to_mapping(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def field_names() -> frozenset[str]:
+    return frozenset(field.name for field in attrs.fields(KVEventsConfig))

@@ -1,4 +1,5 @@
-"""Every ZeroMQ frame tskv builds or parses: live messages, replay requests and replies.
+"""Every ZeroMQ frame tskv builds or parses: live messages, subscriptions, replay requests and
+replies.
 
 I/O-free, so each rule of docs/wire.md is tested without sockets.
 """
@@ -12,14 +13,11 @@ import attrs
 _SEQ = struct.Struct(">Q")
 END_SEQ = 2**64 - 1
 END_FRAME = b"\xff" * 8  # -1 as a signed 8-byte int marks the end of a replay
+MAX_REQUEST_BYTES = 1024  # no replay request frame needs more; larger ones disconnect the peer
 
 
 class FrameError(ValueError):
     """Frames that do not have the shape the protocol requires; says which shape was expected."""
-
-
-def pack_seq(seq: int) -> bytes:
-    return _SEQ.pack(seq)
 
 
 def unpack_seq(frame: bytes) -> int:
@@ -41,6 +39,14 @@ def parse_live_message(frames: list[bytes]) -> tuple[bytes, int, bytes]:
     return bytes(topic), _SEQ.unpack(seq)[0], bytes(payload)
 
 
+def parse_subscription(frame: bytes, topic: bytes) -> int:
+    """What an XPUB's incoming frame means for a publisher of `topic`: +1 a matching
+    subscription, -1 a matching unsubscription, 0 anything else."""
+    if frame[:1] not in (b"\x00", b"\x01") or not topic.startswith(frame[1:]):
+        return 0
+    return 1 if frame[0] == 1 else -1
+
+
 def replay_request(start_seq: int) -> list[bytes]:
     """What a DEALER client sends: an empty delimiter, then the first seq it wants."""
     return [b"", _SEQ.pack(start_seq)]
@@ -56,12 +62,20 @@ def parse_replay_request(frames: list[bytes]) -> tuple[bytes, int]:
     return bytes(frames[0]), unpack_seq(frames[2])
 
 
-def replay_reply(client: bytes, seq: int, payload: bytes) -> list[bytes]:
-    return [client, b"", _SEQ.pack(seq), payload]
+def replay_reply(client: bytes, seq: int, payload: bytes, topic: bytes | None) -> list[bytes]:
+    """One replayed batch; with a `topic` (vLLM's layout) the topic frame comes before the seq."""
+    if topic is None:
+        return [client, b"", _SEQ.pack(seq), payload]
+    return [client, b"", topic, _SEQ.pack(seq), payload]
 
 
-def replay_end(client: bytes) -> list[bytes]:
-    return [client, b"", END_FRAME, b""]
+def replay_end(client: bytes, topic: bytes | None, refusal: str = "") -> list[bytes]:
+    """The end of a replay. A refused request ends at once, its reason in the payload frame:
+    clients that only look at the seq see a normal end, tskv's subscriber retries later."""
+    reason = refusal.encode()
+    if topic is None:
+        return [client, b"", END_FRAME, reason]
+    return [client, b"", b"", END_FRAME, reason]  # vLLM's end marker has an empty topic
 
 
 @attrs.frozen
@@ -74,6 +88,13 @@ class ReplayReply:
     @property
     def is_end(self) -> bool:
         return self.seq == END_SEQ
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the publisher refused the request, for an end marker that carries a reason."""
+        if not self.is_end or not self.payload:
+            return None
+        return self.payload.decode("utf-8", "replace")
 
 
 def parse_replay_reply(frames: list[bytes]) -> ReplayReply:

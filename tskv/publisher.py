@@ -3,16 +3,18 @@
 `publish()` stamps and encodes a round and puts the payload in a memory channel of
 `max_queue_size`; the publish task owns the PUB socket, assigns seqs, keeps each payload in the
 replay buffer before sending it, and sends every queued batch it can between checkpoints. The
-replay task owns the ROUTER socket and answers replay requests a slice at a time, so a long
-replay never holds up live batches. Leaving the block drains the queue under a deadline.
+replay task owns the ROUTER socket and carries out what the I/O-free `ReplayServer` decides, a
+bounded amount of work between checkpoints, so no client can hold up live batches. Leaving the
+block drains the queue under a deadline.
+
+Every background task is protected from KeyboardInterrupt, so Ctrl-C lands in the caller's
+code, whose leaving the block then gets the same bounded drain as any other exit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -23,6 +25,8 @@ import zmq
 
 from tskv import frames
 from tskv._background import background_tasks
+from tskv._constructor import NoPublicConstructor
+from tskv._monitor import SocketMonitor
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, open_socket
 from tskv.codec import codec_name, encode_round
@@ -30,17 +34,25 @@ from tskv.config import KVEventsConfig
 from tskv.endpoints import offset_endpoint_port, should_bind
 from tskv.events import KVEvent
 from tskv.replay_buffer import ReplayBuffer
-from tskv.replay_limits import RequestGate
-from tskv.security import ZapHandler, warn_if_exposed
+from tskv.replay_limits import Peer
+from tskv.replay_server import Outcome, Received, ReplayServer
+from tskv.security import ZapHandler, server_security, warn_if_exposed
 
 logger = logging.getLogger("tskv")
 
 SEND_BURST = 1024  # batches sent between two checkpoints of the publish task
-REPLAY_SLICE = 64  # replies sent to one client before the replay task yields
+REQUESTS_PER_TURN = 64  # replay requests read between two checkpoints of the replay task...
+SENDS_PER_TURN = 256  # ...and replies sent: a flood of either cannot hold up live batches
+REPLAY_PIPE = 128  # replies ZeroMQ queues per replay client, whatever `hwm` is
+MAX_SUBSCRIPTION_BYTES = 4096  # a larger subscription frame disconnects its sender
 ZERO_COPY_BYTES = 65536  # pyzmq copies smaller frames anyway; zero-copy pays above this
-REPLAY_BACKOFF = 0.001  # a ROUTER may report POLLOUT while a slow client's pipe is full
 YIELD_EVERY = 64  # publish() yields to other tasks at least this often...
 YIELD_AFTER = 0.0005  # ...and at least this often (seconds), whichever comes first
+CURVE_HINT = (
+    "a subscriber needs this publisher's public key (curve_server_key) and, with "
+    "curve_clients, a key on the allow list; a clear-text subscriber cannot connect"
+)
+CLEAR_HINT = "this publisher speaks clear text: a subscriber given curve_server_key cannot connect"
 
 
 class PublisherClosedError(trio.ClosedResourceError):
@@ -49,11 +61,14 @@ class PublisherClosedError(trio.ClosedResourceError):
 
 @attrs.frozen
 class PublisherStatistics:
-    """A snapshot of what the publisher has done; every batch is accounted for."""
+    """A snapshot of what the publisher has done. Every accepted batch is accounted for:
+    accepted == published + queued + unsent_at_shutdown."""
 
     codec: str
+    accepted: int
     queued: int
     published: int
+    unsent_at_shutdown: int
     oldest_seq: int | None
     next_seq: int
     replay_requests: int
@@ -62,22 +77,15 @@ class PublisherStatistics:
     replays_refused: int
     batches_replayed: int
     invalid_requests: int
-    unsent_at_shutdown: int
     subscriptions: int
     encrypted: bool
     clients_refused: int  # by the CURVE allow list
+    handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
+    handshake_failures: int  # connections whose handshake failed: a wrong key, clear text
 
 
-@attrs.define
-class _ReplayJob:
-    client: bytes
-    next_seq: int
-    stop_seq: int  # the newest seq when the request came (or the per-request cap): ends there
-    last_progress: float
-
-
-class Publisher:
-    """What `open_publisher` yields. Create it through `open_publisher`, not directly."""
+class Publisher(metaclass=NoPublicConstructor):
+    """What `open_publisher` yields; only `open_publisher` makes one."""
 
     def __init__(
         self,
@@ -85,32 +93,29 @@ class Publisher:
         dp_rank: int,
         pub: TrioSocket,
         endpoint: str,
-        router: TrioSocket | None,
-        replay_endpoint: str | None,
-        replay_client_timeout: float,
+        replay: tuple[TrioSocket, str, ReplayServer] | None,
+        buffer: ReplayBuffer,
+        monitors: list[SocketMonitor],
+        zap: ZapHandler | None,
+        on_dequeue: Callable[[], object] | None,
     ) -> None:
         self.config = config
         self.dp_rank = dp_rank
         self.endpoint = endpoint
-        self.replay_endpoint = replay_endpoint
+        self.replay_endpoint = None if replay is None else replay[1]
         self._pub = pub
-        self._router = router
+        self._replay = replay
+        self._buffer = buffer
+        self._monitors = monitors
+        self._zap = zap
+        self._on_dequeue = on_dequeue  # the threaded facade counts its slots with it
         self._topic = config.topic.encode()
-        self._buffer = ReplayBuffer(config.buffer_steps)
         self._send, self._receive = trio.open_memory_channel[bytes](config.max_queue_size)
-        self._replay_client_timeout = replay_client_timeout
         self._invalid_log = LogLimiter()
         self._refusal_log = LogLimiter()
-        self._gate = RequestGate(config.replay_limits(), trio.current_time)
-        self._zap: ZapHandler | None = None
-        self._replays_refused = 0
+        self._accepted = 0
         self._published = 0
-        self._replay_requests = 0
-        self._replays_completed = 0
-        self._replays_abandoned = 0
-        self._batches_replayed = 0
-        self._invalid_requests = 0
-        self._unsent_at_shutdown = 0
+        self._unsent = 0
         self._unyielded = 0
         self._yielded_at = time.perf_counter()
         self._subscriptions = 0
@@ -118,14 +123,13 @@ class Publisher:
         # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
         # is set when the block is left, which bounds the drain.
         self._publish_scope = trio.CancelScope(shield=True)
-        # Called once per batch taken off the queue; the threaded facade counts its slots here.
-        self._on_dequeue: Callable[[], object] | None = None
 
     # -- the scheduler's side ---------------------------------------------------------------
 
     def _encode(self, events: Iterable[KVEvent]) -> bytes | None:
         return encode_round(time.time(), events, self.dp_rank)
 
+    @trio.lowlevel.enable_ki_protection  # a batch is either accepted or not, never half
     async def publish(self, events: Iterable[KVEvent]) -> None:
         """Queue one round's events as a batch; waits while `max_queue_size` batches are queued.
 
@@ -144,6 +148,7 @@ class Publisher:
                 return
             except trio.ClosedResourceError:
                 raise self._closed_error() from None
+            self._accepted += 1
         self._unyielded += 1
         if self._unyielded >= YIELD_EVERY or time.perf_counter() - self._yielded_at > YIELD_AFTER:
             await self._yield()
@@ -158,18 +163,26 @@ class Publisher:
             await self._send.send(payload)  # backpressure: wait for room, never drop
         except trio.ClosedResourceError:
             raise self._closed_error() from None
+        self._accepted += 1
         self._unyielded = 0
         self._yielded_at = time.perf_counter()
 
+    @trio.lowlevel.enable_ki_protection
     def publish_nowait(self, events: Iterable[KVEvent]) -> None:
         """Queue one round now, or raise trio.WouldBlock if `max_queue_size` batches are queued."""
         payload = self._encode(events)
-        if payload is None:
-            return
+        if payload is not None:
+            self.publish_encoded_nowait(payload)
+
+    @trio.lowlevel.enable_ki_protection
+    def publish_encoded_nowait(self, payload: bytes) -> None:
+        """Queue a batch payload encoded elsewhere (the threaded facade encodes in its caller's
+        thread), or raise trio.WouldBlock if `max_queue_size` batches are queued."""
         try:
             self._send.send_nowait(payload)
         except trio.ClosedResourceError:
             raise self._closed_error() from None
+        self._accepted += 1
 
     def _closed_error(self) -> PublisherClosedError:
         return PublisherClosedError(
@@ -177,43 +190,60 @@ class Publisher:
         )
 
     def statistics(self) -> PublisherStatistics:
+        replay = None if self._replay is None else self._replay[2].statistics
         return PublisherStatistics(
             codec=codec_name(),
+            accepted=self._accepted,
             queued=self._send.statistics().current_buffer_used,
             published=self._published,
+            unsent_at_shutdown=self._unsent,
             oldest_seq=self._buffer.oldest_seq,
             next_seq=self._buffer.next_seq,
-            replay_requests=self._replay_requests,
-            replays_completed=self._replays_completed,
-            replays_abandoned=self._replays_abandoned,
-            replays_refused=self._replays_refused,
-            batches_replayed=self._batches_replayed,
-            invalid_requests=self._invalid_requests,
-            unsent_at_shutdown=self._unsent_at_shutdown,
+            replay_requests=0 if replay is None else replay.requests,
+            replays_completed=0 if replay is None else replay.completed,
+            replays_abandoned=0 if replay is None else replay.abandoned,
+            replays_refused=0 if replay is None else replay.refused,
+            batches_replayed=0 if replay is None else replay.batches,
+            invalid_requests=0 if replay is None else replay.invalid,
             subscriptions=self._subscriptions,
-            encrypted=self.config.curve_secret_key is not None,
+            encrypted=self.config.encrypted,
             clients_refused=0 if self._zap is None else self._zap.refused,
+            handshakes=sum(monitor.handshakes for monitor in self._monitors),
+            handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
         )
+
+    async def wait_for_subscriber(self, count: int = 1) -> None:
+        """Wait until `count` subscriptions that match this publisher's topic have arrived.
+
+        ZeroMQ drops what a PUB sends before a subscription reaches it (the slow-joiner
+        problem); tests and demos wait here instead of sleeping.
+        """
+        while self._subscriptions < count:
+            await self._subscription_change.park()
 
     # -- the publish task -------------------------------------------------------------------
 
-    def _queue_payload_nowait(self, payload: bytes) -> None:
-        """Queue an already encoded batch (the threaded facade encodes in its caller's thread)."""
-        try:
-            self._send.send_nowait(payload)
-        except trio.ClosedResourceError:
-            raise self._closed_error() from None
-
-    async def _emit(self, payload: bytes) -> None:
-        if self._on_dequeue is not None:
-            self._on_dequeue()
+    def _emit(self, payload: bytes) -> list[bytes] | None:
+        """Send one batch now; its message back if the PUB would block (a PUB drops at its HWM
+        rather than block, so that is only a fallback)."""
         seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
         message = frames.live_message(self._topic, seq, payload)
-        copy = len(payload) < ZERO_COPY_BYTES
         try:
-            self._pub.send_nowait(message, copy)
-        except trio.WouldBlock:  # PUB drops at its HWM rather than block; this is a fallback
-            await self._pub.send(message, copy)
+            self._pub.send_nowait(message, len(payload) >= ZERO_COPY_BYTES)
+        except trio.WouldBlock:
+            return message
+        except BaseException:
+            self._unsent += 1
+            raise
+        self._published += 1
+        return None
+
+    async def _emit_blocked(self, message: list[bytes]) -> None:
+        try:
+            await self._pub.send(message)
+        except BaseException:
+            self._unsent += 1
+            raise
         self._published += 1
 
     def _take_subscriptions(self) -> None:
@@ -224,11 +254,9 @@ class Publisher:
                 message = self._pub.receive_nowait()
             except trio.WouldBlock:
                 break
-            if message and message[0][:1] in (b"\x00", b"\x01"):
-                prefix = message[0][1:]
-                if self._topic.startswith(prefix):
-                    self._subscriptions += 1 if message[0][0] == 1 else -1
-                    changed = True
+            change = frames.parse_subscription(message[0], self._topic)
+            self._subscriptions += change
+            changed |= change != 0
         if changed:
             self._subscription_change.unpark_all()
 
@@ -271,149 +299,123 @@ class Publisher:
         await self._pub.wait(zmq.POLLIN)
         race.cancel()
 
-    async def _run_publish(self) -> None:
+    def _dequeued(self, payload: bytes) -> bytes:
+        if self._on_dequeue is not None:
+            self._on_dequeue()
+        return payload
+
+    @trio.lowlevel.enable_ki_protection
+    async def run_publish(self) -> None:
         try:
             with self._publish_scope:
                 while True:
                     try:
-                        payload = await self._next_payload()
+                        payload = self._dequeued(await self._next_payload())
                     except trio.EndOfChannel:
                         break
-                    await self._emit(payload)
+                    blocked = self._emit(payload)
+                    if blocked is not None:
+                        await self._emit_blocked(blocked)
                     for _ in range(SEND_BURST - 1):
                         try:
-                            payload = self._receive.receive_nowait()
+                            payload = self._dequeued(self._receive.receive_nowait())
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
-                        await self._emit(payload)
+                        blocked = self._emit(payload)
+                        if blocked is not None:
+                            await self._emit_blocked(blocked)
                     else:
                         await trio.lowlevel.checkpoint()  # a full burst: let other tasks run
         finally:
-            left = self._receive.statistics().current_buffer_used  # before close discards them
+            # However this task ends, what is still queued is counted before close drops it.
+            left = self._receive.statistics().current_buffer_used
             self._receive.close()
-        if left:
-            self._unsent_at_shutdown += left
+            self._unsent += left
+            self._log_close()
+
+    def _log_close(self) -> None:
+        logger.info(
+            "publisher on %s closed: %d batches accepted, %d published, %d unsent",
+            self.endpoint,
+            self._accepted,
+            self._published,
+            self._unsent,
+        )
+        if self._unsent:
             logger.error(
-                "publisher shutdown deadline passed with %d batches still queued; they were "
-                "not sent (raise shutdown_timeout to give the drain longer)",
-                left,
+                "publisher on %s closed with %d accepted batches unsent (the shutdown deadline "
+                "passed, or the publisher failed); raise shutdown_timeout to give the drain "
+                "longer",
+                self.endpoint,
+                self._unsent,
             )
 
-    async def wait_for_subscriber(self, count: int = 1) -> None:
-        """Wait until `count` subscriptions that match this publisher's topic have arrived.
-
-        ZeroMQ drops what a PUB sends before a subscription reaches it (the slow-joiner
-        problem); tests and demos wait here instead of sleeping.
-        """
-        while self._subscriptions < count:
-            await self._subscription_change.park()
-
-    def _begin_shutdown(self, timeout: float) -> None:
+    def begin_shutdown(self) -> None:
+        """Accept no more batches; the publish task drains what is queued, bounded in time."""
         self._send.close()
-        self._publish_scope.deadline = trio.current_time() + timeout
+        self._publish_scope.deadline = trio.current_time() + self.config.shutdown_timeout
 
     # -- the replay task --------------------------------------------------------------------
 
-    def _take_request(
-        self, message: list[zmq.Frame], jobs: dict[bytes, _ReplayJob], router: TrioSocket
-    ) -> None:
-        try:
-            client, start_seq = frames.parse_replay_request([frame.bytes for frame in message])
-        except frames.FrameError as exc:
-            self._invalid_requests += 1
-            self._invalid_log.warning("ignoring invalid replay request: %s", exc)
-            return
-        self._replay_requests += 1
-        refusal = self._gate.refusal(_client_key(message[0], client), len(jobs), client in jobs)
-        if refusal is not None:
-            self._replays_refused += 1
-            self._refusal_log.warning("refused a replay request: %s", refusal)
-            jobs.pop(client, None)
-            with contextlib.suppress(trio.WouldBlock, zmq.ZMQError):  # the end marker, at once
-                router.send_nowait(frames.replay_end(client))
-            return
-        # A client asking again replaces its earlier replay: it wants this one now.
-        first = self._buffer.first_at_or_after(start_seq)
-        jobs[client] = _ReplayJob(
-            client, first, self._gate.stop_seq(first, self._buffer.next_seq), trio.current_time()
-        )
-
-    def _serve_slice(self, job: _ReplayJob, router: TrioSocket) -> bool | None:
-        """Send up to REPLAY_SLICE replies; True when done, False if stalled, None if progress."""
-        sent = 0
-        while sent < REPLAY_SLICE:
-            # Batches evicted while the replay ran are skipped; the client sees the hole.
-            job.next_seq = self._buffer.first_at_or_after(job.next_seq)
-            payload = self._buffer.get(job.next_seq) if job.next_seq < job.stop_seq else None
-            if payload is None:
-                message = frames.replay_end(job.client)
-            else:
-                message = frames.replay_reply(job.client, job.next_seq, payload)
-            router.send_nowait(message)  # raises WouldBlock on a full pipe (ROUTER_MANDATORY)
-            job.last_progress = trio.current_time()
-            if payload is None:
-                return True
-            job.next_seq += 1
-            self._batches_replayed += 1
-            sent += 1
-        return None
-
-    async def _run_replay(self, router: TrioSocket) -> None:
-        jobs: dict[bytes, _ReplayJob] = {}
+    @trio.lowlevel.enable_ki_protection
+    async def run_replay(self) -> None:
+        assert self._replay is not None
+        router, _, server = self._replay
         while True:
-            if not jobs:
+            wait = server.wait_time()
+            if wait is None:
                 await router.wait(zmq.POLLIN)
-            while True:
+            elif wait > 0:
+                with trio.move_on_after(wait):
+                    await router.wait(zmq.POLLIN)
+            for _ in range(REQUESTS_PER_TURN):
                 try:
                     message = router.receive_frames_nowait()
                 except trio.WouldBlock:
                     break
-                self._take_request(message, jobs, router)
-            stalled = 0
-            for job in list(jobs.values()):
+                self._log_request(server.receive([f.bytes for f in message], _peer(message)))
+            for _ in range(SENDS_PER_TURN):
+                out = server.next_send()
+                if out is None:
+                    break
                 try:
-                    done = self._serve_slice(job, router)
-                except trio.WouldBlock:
-                    done = False
+                    router.send_nowait(out.frames, len(out.frames[-1]) >= ZERO_COPY_BYTES)
+                except trio.WouldBlock:  # the client's pipe is full (ROUTER_MANDATORY)
+                    abandoned = server.blocked(out)
                 except zmq.ZMQError as exc:
                     if exc.errno != errno.EHOSTUNREACH:
                         raise
-                    logger.info("replay client %s left before its replay ended", job.client.hex())
-                    self._replays_abandoned += 1
-                    del jobs[job.client]
+                    abandoned = server.gone(out)
+                else:
+                    server.sent(out)
                     continue
-                if done:
-                    self._replays_completed += 1
-                    del jobs[job.client]
-                elif done is False:
-                    stalled += 1
-                    if trio.current_time() - job.last_progress > self._replay_client_timeout:
-                        logger.warning(
-                            "replay client %s took nothing for %.1f s; abandoning its replay at "
-                            "seq %d",
-                            job.client.hex(),
-                            self._replay_client_timeout,
-                            job.next_seq,
-                        )
-                        self._replays_abandoned += 1
-                        del jobs[job.client]
-            if jobs and stalled == len(jobs):
-                await trio.sleep(REPLAY_BACKOFF)
-            else:
-                await trio.lowlevel.checkpoint()  # live batches go out between slices
+                if abandoned is not None:
+                    logger.warning(
+                        "abandoned the replay to client %s at seq %d: it %s",
+                        abandoned.client.hex(),
+                        abandoned.next_seq,
+                        abandoned.why,
+                    )
+            await trio.lowlevel.checkpoint()  # live batches go out between turns
+
+    def _log_request(self, received: Received) -> None:
+        if received.outcome is Outcome.REFUSED:
+            self._refusal_log.warning("refused a replay request: %s", received.detail)
+        elif received.outcome is Outcome.INVALID:
+            self._invalid_log.warning("ignoring invalid replay request: %s", received.detail)
 
 
-def _client_key(frame: zmq.Frame, identity: bytes) -> bytes:
-    """Whom a replay request counts against: the CURVE key the ZAP handler vouched for, else
-    the peer's address (a new connection does not reset the limit), else the socket identity."""
+def _peer(message: list[zmq.Frame]) -> Peer:
+    """Who sent a request: its connection, the CURVE key the ZAP handler vouched for, and its
+    address, as the ROUTER reports them."""
+    properties: dict[str, str | None] = {}
     for name in ("User-Id", "Peer-Address"):
         try:
-            value = frame.get(name)
-        except zmq.ZMQError:
-            continue
-        if value:
-            return f"{name}:{value}".encode()
-    return identity
+            value = message[0].get(name)
+        except zmq.ZMQError:  # not known for this transport (inproc has no address)
+            value = None
+        properties[name] = str(value) if value else None
+    return Peer(message[0].bytes, properties["User-Id"], properties["Peer-Address"])
 
 
 @asynccontextmanager
@@ -421,22 +423,19 @@ async def open_publisher(
     config: KVEventsConfig,
     dp_rank: int = 0,
     *,
-    shutdown_timeout: float = 1.0,
-    replay_client_timeout: float = 5.0,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    on_dequeue: Callable[[], object] | None = None,
 ) -> AsyncIterator[Publisher]:
     """Publish KV event batches on `config.endpoint` (offset for `dp_rank`) until the block ends.
 
-    Leaving the block sends what is queued within `shutdown_timeout` seconds, whether the body
-    returned, raised or was cancelled, then closes both sockets without lingering.
-    `replay_client_timeout` is how long a replay waits for a client that takes nothing.
+    Leaving the block sends what is queued within `config.shutdown_timeout` seconds, whether
+    the body returned, raised or was cancelled, then closes both sockets without lingering.
+    `on_dequeue` is called in the publish task each time a batch leaves the queue.
     """
-    if not (math.isfinite(shutdown_timeout) and shutdown_timeout >= 0):
-        raise ValueError(f"shutdown_timeout = {shutdown_timeout} must be a finite number >= 0")
     endpoint = offset_endpoint_port(config.endpoint, dp_rank)
     replay_endpoint = offset_endpoint_port(config.replay_endpoint, dp_rank)
     assert endpoint is not None
-    security = config.server_security()
+    security = server_security(config)  # the key files are read here, where sockets open
     own_context = context is None and security is not None
     if context is None:
         # A context has one ZAP endpoint, so an encrypted publisher gets a context of its own.
@@ -448,39 +447,64 @@ async def open_publisher(
         if security is not None:
             zap = ZapHandler(context, security)  # bound before any CURVE socket accepts
             cleanup.callback(zap.close)
+        monitors: list[SocketMonitor] = []
+
+        def monitored(sock: zmq.Socket[bytes], label: str) -> None:
+            monitor = SocketMonitor(sock, label, CURVE_HINT if security else CLEAR_HINT)
+            cleanup.callback(monitor.close)
+            monitors.append(monitor)
+
         pub, address = open_socket(
-            context, zmq.XPUB, endpoint, should_bind(endpoint), config.hwm, security
+            context,
+            zmq.XPUB,
+            endpoint,
+            should_bind(endpoint),
+            config.hwm,
+            security,
+            MAX_SUBSCRIPTION_BYTES,
+            monitored,
         )
         cleanup.callback(pub.close)
-        router: TrioSocket | None = None
-        replay_address: str | None = None
+        buffer = ReplayBuffer(config.buffer_steps)
+        replay = None
         if replay_endpoint is not None:
             router, replay_address = open_socket(
-                context, zmq.ROUTER, replay_endpoint, True, config.hwm, security
+                context,
+                zmq.ROUTER,
+                replay_endpoint,
+                True,
+                REPLAY_PIPE,
+                security,
+                frames.MAX_REQUEST_BYTES,
+                monitored,
             )
             cleanup.callback(router.close)
+            server = ReplayServer(buffer, config, None, trio.current_time)
+            replay = (router, replay_address, server)
         if security is None:
-            warn_if_exposed([a for a in (address, replay_address) if a], config.buffer_steps)
-        publisher = Publisher(
-            config, dp_rank, pub, address, router, replay_address, replay_client_timeout
+            exposed = [address] + ([replay[1]] if replay else [])
+            warn_if_exposed(exposed, config.buffer_steps)
+        publisher = Publisher._create(
+            config, dp_rank, pub, address, replay, buffer, monitors, zap, on_dequeue
         )
-        publisher._zap = zap
         logger.info(
             "publishing KV events on %s (replay: %s, rank %d, %s)",
             address,
-            replay_address,
+            publisher.replay_endpoint,
             dp_rank,
             "CURVE" if security else "clear text",
         )
         async with background_tasks() as nursery:
+            for monitor in monitors:
+                nursery.start_soon(monitor.run)
             if zap is not None:
                 nursery.start_soon(zap.run)
-            nursery.start_soon(publisher._run_publish)
-            if router is not None:
-                nursery.start_soon(publisher._run_replay, router)
+            nursery.start_soon(publisher.run_publish)
+            if replay is not None:
+                nursery.start_soon(publisher.run_replay)
             try:
                 yield publisher
             finally:
                 # Then the nursery's cancellation stops the replay and ZAP tasks; the publish
                 # task's drain is shielded and bounded by this deadline.
-                publisher._begin_shutdown(shutdown_timeout)
+                publisher.begin_shutdown()

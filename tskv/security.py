@@ -11,15 +11,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
+import trio
 import zmq
 import zmq.auth
 
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket
+from tskv.config import KVEventsConfig
 
 logger = logging.getLogger("tskv")
 
@@ -33,7 +36,7 @@ class KeyFileError(ValueError):
 @attrs.frozen
 class KeyPair:
     public: bytes  # Z85, 40 bytes
-    secret: bytes
+    secret: bytes = attrs.field(repr=lambda _: "<hidden>")  # never in logs or tracebacks
 
 
 def _load(path: str | os.PathLike[str], need_secret: bool) -> tuple[bytes, bytes | None]:
@@ -54,10 +57,23 @@ def _load(path: str | os.PathLike[str], need_secret: bool) -> tuple[bytes, bytes
     return public, secret
 
 
+def _check_owner_only(path: str | os.PathLike[str]) -> None:
+    """Refuse a secret key file others can read, as ssh does: the key is the whole secret."""
+    if os.name != "posix":
+        return
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        raise KeyFileError(
+            f"secret key file {str(path)!r} can be read by others (mode {mode:04o}); make it "
+            f"readable by its owner only: chmod 600 {str(path)!r}"
+        )
+
+
 def load_key_pair(path: str | os.PathLike[str]) -> KeyPair:
     """A secret certificate file (NAME.key_secret): this side's public and secret keys."""
     public, secret = _load(path, need_secret=True)
     assert secret is not None
+    _check_owner_only(path)
     return KeyPair(public, secret)
 
 
@@ -123,6 +139,15 @@ class ServerSecurity:
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret)
 
 
+def server_security(config: KVEventsConfig) -> ServerSecurity | None:
+    """The CURVE settings `config` asks for, with the key files read; None when it is off."""
+    if config.curve_secret_key is None:
+        return None
+    keys = load_key_pair(config.curve_secret_key)
+    allowed = None if config.curve_clients is None else load_allowed_keys(config.curve_clients)
+    return ServerSecurity(keys, allowed)
+
+
 @attrs.frozen
 class ClientSecurity:
     """CURVE for a subscriber: the publisher's public key and this subscriber's key pair."""
@@ -183,16 +208,14 @@ class ZapHandler:
         self._sock = TrioSocket(sock)
         self._security = security
         self._refusals = LogLimiter()
-        self.accepted = 0
         self.refused = 0
 
+    @trio.lowlevel.enable_ki_protection
     async def run(self) -> None:
         while True:
             request = await self._sock.receive()
             reply, ok = zap_reply(request, self._security.allowed)
-            if ok:
-                self.accepted += 1
-            else:
+            if not ok:
                 self.refused += 1
                 self._refusals.warning(
                     "refused a client: %s (%d refused so far)", reply[3].decode(), self.refused

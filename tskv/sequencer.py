@@ -2,9 +2,14 @@
 and what to report as lost.
 
 Fed live messages and replay replies in the order they arrive, it returns actions in the
-order the consumer must see them: batches to deliver (strictly increasing seq, no duplicates),
-losses to report, and replay requests to send. The Trio shell in `subscriber.py` only moves
-bytes between sockets and this object.
+order the consumer must see them: batches to deliver (strictly increasing seq within a
+generation, no duplicates), losses to report, and replay requests to send. The Trio shell in
+`subscriber.py` only moves bytes between sockets and this object.
+
+The wire carries no publisher epoch, so a restarted publisher is recognised two ways: its seq
+goes back (the usual case), or, when its seq is already past ours, the batch replay holds at
+our last delivered seq differs from the one we delivered. Every repair therefore asks replay
+to start one seq early, at the last batch delivered, and compares.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import enum
 
 import attrs
 
+MAX_HELD = 10_000  # live batches held while a gap is repaired; later ones are fetched again
+MAX_GAP = 2**32  # a forward jump larger than this is a discontinuity, not a loss of 4e9 batches
+
 
 class LossReason(str, enum.Enum):
     """Why batches were not delivered."""
@@ -20,9 +28,10 @@ class LossReason(str, enum.Enum):
     EVICTED = "evicted"  # replay answered, but the publisher's buffer no longer held them
     NO_REPLAY = "no-replay"  # the subscriber has no replay endpoint to ask
     REPLAY_TIMEOUT = "replay-timeout"  # the replay endpoint did not answer in time
+    REFUSED = "refused"  # the replay endpoint kept refusing (its limits) until the timeout
     UNDECODABLE = "undecodable"  # the batch arrived but its payload was not a batch
     INTERRUPTED = "interrupted"  # a repair was under way when the publisher restarted
-    RESTART = "restart"  # the publisher started a new sequence
+    RESTART = "restart"  # the publisher started a new sequence (or the seq jumped absurdly)
 
 
 @attrs.frozen
@@ -30,8 +39,8 @@ class Loss:
     """Batches `first_seq`..`last_seq` (inclusive) the consumer will never see.
 
     For a restart, `last_seq` is None (what the old publisher sent after `first_seq - 1` is
-    unknown) and `new_seq` is where the new sequence starts: a consumer should forget what it
-    knew of this publisher's cache, as the restarted engine's cache is new too.
+    unknown) and `new_seq` is where delivery goes on in the new sequence: a consumer should
+    forget what it knew of this publisher's cache, as the restarted engine's cache is new too.
     """
 
     first_seq: int
@@ -63,14 +72,26 @@ Action = Deliver | Loss | RequestReplay
 class Sequencer:
     """Gap detection and repair for one publisher's stream."""
 
-    def __init__(self, has_replay: bool, start_seq: int | None = None) -> None:
+    def __init__(
+        self,
+        has_replay: bool,
+        start_seq: int | None = None,
+        *,
+        max_held: int = MAX_HELD,
+        max_gap: int = MAX_GAP,
+    ) -> None:
         self.has_replay = has_replay
+        self.max_held = max_held
+        self.max_gap = max_gap
         self.expected: int | None = start_seq  # the next seq to deliver
         self.last_live: int | None = None
         self.pending: dict[int, bytes] = {}  # live batches held while a gap is repaired
         self.request_id = 0
         self.repairing = False
         self._expected_at_request: int | None = None
+        self._last_payload: bytes | None = None  # what was delivered at expected - 1
+        self._verifying = False  # the current request started at expected - 1, to compare
+        self._overflowed = False  # live batches were let go while the hold was full
 
     def start(self) -> list[Action]:
         """Actions to take before any message: a bootstrap replay when a start seq was given."""
@@ -87,10 +108,13 @@ class Sequencer:
         self.request_id += 1
         self.repairing = True
         self._expected_at_request = self.expected
-        return RequestReplay(self.expected, self.request_id)
+        self._verifying = self._last_payload is not None and self.expected > 0
+        start = self.expected - 1 if self._verifying else self.expected
+        return RequestReplay(start, self.request_id)
 
     def _deliver(self, seq: int, payload: bytes, from_replay: bool) -> Deliver:
         self.expected = seq + 1
+        self._last_payload = payload
         return Deliver(seq, payload, from_replay)
 
     def _drain_pending(self, actions: list[Action]) -> None:
@@ -109,6 +133,7 @@ class Sequencer:
             next_held = min((seq for seq in self.pending if seq < target), default=target)
             actions.append(Loss(self.expected, next_held - 1, reason))
             self.expected = next_held
+            self._last_payload = None  # the batch before `expected` was never seen
 
     def _give_up_to_next_pending(self, reason: LossReason, actions: list[Action]) -> None:
         """Report the hole before the next held batch as lost, and deliver from there."""
@@ -129,6 +154,13 @@ class Sequencer:
             actions.append(self._deliver(seq, payload, False))
             self._drain_pending(actions)
             return actions
+        if seq - self.expected > self.max_gap:
+            return self._discontinuity(seq, payload)
+        if len(self.pending) >= self.max_held:
+            # Holding more would let one stalled repair take unbounded memory. This batch is
+            # let go, not lost: it comes back from replay once the hold has drained.
+            self._overflowed = True
+            return actions
         self.pending[seq] = payload
         if self.repairing:
             return actions
@@ -137,16 +169,44 @@ class Sequencer:
         self._give_up_to_next_pending(LossReason.NO_REPLAY, actions)
         return actions
 
-    def _restart(self, seq: int, payload: bytes) -> list[Action]:
-        actions: list[Action] = []
-        # What was held from the old sequence still goes out, in order, with its holes named.
+    def _flush_old_generation(self, actions: list[Action]) -> None:
+        """What was held from the old sequence still goes out, in order, with its holes named."""
         while self.pending:
             self._give_up_to_next_pending(LossReason.INTERRUPTED, actions)
         self.repairing = False  # replies to an old request describe the old sequence
+        self._verifying = False
+        self._overflowed = False
         self.request_id += 1
+
+    def _restart(self, seq: int, payload: bytes) -> list[Action]:
+        """A seq at or below one already seen: a new publisher, whose sequence began at 0."""
+        actions: list[Action] = []
+        self._flush_old_generation(actions)
+        return actions + self._new_generation(seq, payload)
+
+    def _new_generation(self, seq: int, payload: bytes) -> list[Action]:
+        """Report the restart, then deliver the new sequence from its start: seq 0."""
+        assert self.expected is not None
+        actions: list[Action] = [Loss(self.expected, None, LossReason.RESTART, new_seq=0)]
+        self.expected = 0
+        self._last_payload = None
+        self.last_live = seq
+        if seq == 0:
+            actions.append(self._deliver(seq, payload, False))
+            return actions
+        self.pending[seq] = payload  # batches 0..seq-1 went out before we heard this one
+        if self.has_replay:
+            actions.append(self._request())
+        else:
+            self._give_up_to_next_pending(LossReason.NO_REPLAY, actions)
+        return actions
+
+    def _discontinuity(self, seq: int, payload: bytes) -> list[Action]:
+        """A jump no real gap explains (garbage, or a stream we cannot relate to ours)."""
+        actions: list[Action] = []
+        self._flush_old_generation(actions)
         assert self.expected is not None
         actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=seq))
-        self.last_live = seq
         actions.append(self._deliver(seq, payload, False))
         return actions
 
@@ -155,6 +215,14 @@ class Sequencer:
         if request_id != self.request_id or not self.repairing:
             return actions  # a reply to a request given up on
         assert self.expected is not None
+        if seq > max(self.expected, self.last_live or 0) + self.max_gap:
+            return actions  # no replay buffer reaches that far ahead of the live stream
+        if self._verifying:
+            self._verifying = False
+            if seq == self.expected - 1:
+                if payload == self._last_payload:
+                    return actions  # the same stream: the repair goes on from here
+                return self._replaced()
         if seq < self.expected:
             return actions
         self.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
@@ -164,13 +232,29 @@ class Sequencer:
         self._drain_pending(actions)
         return actions
 
+    def _replaced(self) -> list[Action]:
+        """Replay holds a different batch where ours was: the publisher restarted and its new
+        sequence has already passed ours. The held live batches belong to the new sequence;
+        it is fetched from its start, and the rest of this reply describes it too."""
+        assert self.expected is not None
+        actions: list[Action] = [Loss(self.expected, None, LossReason.RESTART, new_seq=0)]
+        self.expected = 0
+        self._last_payload = None
+        self._overflowed = False
+        actions.append(self._request())
+        return actions
+
     def replay_ended(self, request_id: int) -> list[Action]:
         actions: list[Action] = []
         if request_id != self.request_id or not self.repairing:
             return actions
         self.repairing = False
+        self._verifying = False
         assert self.expected is not None
         if not self.pending:
+            if self._overflowed:  # what was let go while the hold was full: ask for it now
+                self._overflowed = False
+                actions.append(self._request())
             return actions
         if self.expected != self._expected_at_request:
             # Progress was made, but batches published after the request are still missing:
@@ -178,16 +262,21 @@ class Sequencer:
             actions.append(self._request())
             return actions
         self._give_up_to_next_pending(LossReason.EVICTED, actions)
-        if self.pending:
+        if self.pending or self._overflowed:
+            self._overflowed = False
             actions.append(self._request())  # a further hole, after the one just given up
         return actions
 
-    def replay_failed(self, request_id: int) -> list[Action]:
-        """The replay endpoint did not answer in time: what it should have filled is lost."""
+    def replay_failed(
+        self, request_id: int, reason: LossReason = LossReason.REPLAY_TIMEOUT
+    ) -> list[Action]:
+        """The replay endpoint did not serve the request: what it should have filled is lost."""
         actions: list[Action] = []
         if request_id != self.request_id or not self.repairing:
             return actions
         self.repairing = False
+        self._verifying = False
+        self._overflowed = False  # those batches are behind the hole just reported, too
         while self.pending:
-            self._give_up_to_next_pending(LossReason.REPLAY_TIMEOUT, actions)
+            self._give_up_to_next_pending(reason, actions)
         return actions

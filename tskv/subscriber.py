@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -20,17 +21,34 @@ import zmq
 
 from tskv import frames
 from tskv._background import background_tasks
+from tskv._checks import int_at_least, number_at_least
+from tskv._constructor import NoPublicConstructor
+from tskv._monitor import SocketMonitor
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, attach
 from tskv.codec import WireError, decode_batch
 from tskv.endpoints import check_endpoint
 from tskv.events import KVEventBatch
 from tskv.security import ClientSecurity
-from tskv.sequencer import Action, Deliver, Loss, LossReason, RequestReplay, Sequencer
+from tskv.sequencer import (
+    MAX_HELD,
+    Action,
+    Deliver,
+    Loss,
+    LossReason,
+    RequestReplay,
+    Sequencer,
+)
 
 logger = logging.getLogger("tskv")
 
 INBOX_SIZE = 1024
+CONNECT_WARNING = 5.0  # seconds without a publisher's answer before saying so
+REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
+SERVER_HINT = (
+    "check that curve_server_key is this publisher's public key and that the publisher "
+    "allows this subscriber's key (or speaks clear text if you gave no key)"
+)
 
 
 @attrs.frozen
@@ -43,6 +61,9 @@ class SubscriberStatistics:
     restarts: int
     undecodable: int
     replay_requests: int
+    replay_refusals: int  # requests the publisher refused (its limits) and this side retried
+    handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
+    handshake_failures: int  # connections whose handshake failed: wrong keys, clear text
 
 
 @attrs.frozen
@@ -60,6 +81,7 @@ class _Replayed:
 @attrs.frozen
 class _ReplayFailed:
     request_id: int
+    reason: LossReason
 
 
 @attrs.frozen
@@ -79,8 +101,8 @@ def _log_loss(loss: Loss) -> None:
         logger.warning("lost batches %d..%d (%s)", loss.first_seq, loss.last_seq, loss.reason.value)
 
 
-class Subscriber:
-    """What `open_subscriber` yields: iterate it for `(seq, batch)` in order."""
+class Subscriber(metaclass=NoPublicConstructor):
+    """What `open_subscriber` yields (and only it makes one): iterate it for `(seq, batch)`."""
 
     def __init__(
         self,
@@ -89,8 +111,12 @@ class Subscriber:
         requests: trio.MemorySendChannel[RequestReplay],
         on_loss: Callable[[Loss], object] | None,
         endpoint: str,
+        monitors: list[SocketMonitor],
+        replay: _ReplayClient | None,
     ) -> None:
         self.endpoint = endpoint  # as really bound, when the subscriber binds
+        self._monitors = monitors
+        self._replay = replay
         self._sequencer = sequencer
         self._inbox = inbox
         self._requests = requests
@@ -116,6 +142,9 @@ class Subscriber:
             restarts=self._restarts,
             undecodable=self._undecodable,
             replay_requests=self._replay_requests,
+            replay_refusals=0 if self._replay is None else self._replay.refusals,
+            handshakes=sum(monitor.handshakes for monitor in self._monitors),
+            handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
         )
 
     def __aiter__(self) -> Subscriber:
@@ -147,7 +176,7 @@ class Subscriber:
                 inbound.request_id, inbound.reply.seq, inbound.reply.payload
             )
         if isinstance(inbound, _ReplayFailed):
-            return self._sequencer.replay_failed(inbound.request_id)
+            return self._sequencer.replay_failed(inbound.request_id, inbound.reason)
         self._undecodable += 1
         self._bad_log.warning("ignoring a message that is not a KV event batch: %s", inbound.error)
         return []
@@ -209,14 +238,19 @@ class _ReplayClient:
         self._endpoint = endpoint
         self._timeout = timeout
         self._inbox = inbox
+        self.refusals = 0
         self._dealer = self._open()
 
     def _open(self) -> TrioSocket:
         sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.RCVHWM, 0)  # a replay is bounded by the publisher's buffer
-        if self._security is not None:
-            self._security.apply(sock)
-        attach(sock, self._endpoint, bind=False)
+        try:
+            sock.setsockopt(zmq.RCVHWM, 0)  # a replay is bounded by the publisher's buffer
+            if self._security is not None:
+                self._security.apply(sock)
+            attach(sock, self._endpoint, bind=False)
+        except BaseException:
+            sock.close(linger=0)
+            raise
         return TrioSocket(sock)
 
     def close(self) -> None:
@@ -224,10 +258,14 @@ class _ReplayClient:
 
     async def run(self, requests: trio.MemoryReceiveChannel[RequestReplay]) -> None:
         async for request in requests:
-            await self._serve(request)
+            await self._serve(request, requests)
 
-    async def _serve(self, request: RequestReplay) -> None:
+    async def _serve(
+        self, request: RequestReplay, requests: trio.MemoryReceiveChannel[RequestReplay]
+    ) -> None:
         await self._dealer.send(frames.replay_request(request.start_seq))
+        backoff, longest = REFUSAL_BACKOFF
+        refused_since: float | None = None
         while True:
             # Only the endpoint's silence counts against the timeout, not a slow consumer.
             with trio.move_on_after(self._timeout) as waiting:
@@ -236,18 +274,72 @@ class _ReplayClient:
                 logger.warning(
                     "replay endpoint %s sent nothing for %.1f s", self._endpoint, self._timeout
                 )
-                self._dealer.close()
-                self._dealer = self._open()
-                await self._inbox.send(_ReplayFailed(request.request_id))
+                self._replace_dealer()
+                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REPLAY_TIMEOUT))
                 return
             try:
                 reply = frames.parse_replay_reply(message)
             except frames.FrameError as exc:
                 await self._inbox.send(_BadFrames(f"replay reply: {exc}"))
                 continue
-            await self._inbox.send(_Replayed(request.request_id, reply))
-            if reply.is_end:
+            if reply.refusal is None:
+                await self._inbox.send(_Replayed(request.request_id, reply))
+                if reply.is_end:
+                    return
+                continue
+            # Refused for now (the publisher's rate or concurrency limit): not "nothing
+            # buffered". Ask again, later and later, until the timeout says give up.
+            self.refusals += 1
+            now = trio.current_time()
+            refused_since = now if refused_since is None else refused_since
+            if now - refused_since + backoff > self._timeout:
+                logger.warning(
+                    "replay endpoint %s kept refusing for %.1f s: %s",
+                    self._endpoint,
+                    self._timeout,
+                    reply.refusal,
+                )
+                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REFUSED))
                 return
+            await trio.sleep(backoff * random.uniform(0.5, 1.0))
+            if requests.statistics().current_buffer_used:
+                return  # a newer request supersedes this one
+            backoff = min(backoff * 2, longest)
+            await self._dealer.send(frames.replay_request(request.start_seq))
+
+    def _replace_dealer(self) -> None:
+        self._dealer.close()
+        self._dealer = self._open()
+
+
+async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor) -> None:
+    """A publisher that never answers (a wrong address, a host that does not resolve, a
+    handshake that keeps failing) would otherwise leave the subscriber silent forever."""
+    with trio.move_on_after(CONNECT_WARNING):
+        await monitor.answered.wait()
+        return
+    problem = await unreachable_reason(endpoint)
+    logger.warning(
+        "no publisher has answered on %s for %.0f s (still trying): %s",
+        endpoint,
+        CONNECT_WARNING,
+        problem or "check the address and that the publisher is running",
+    )
+
+
+async def unreachable_reason(endpoint: str) -> str | None:
+    """Why `endpoint` cannot be reached, when that can be told without connecting: a tcp
+    host name that does not resolve."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
+    if host in ("*", "") or host.replace(".", "").isdigit() or ":" in host:
+        return None
+    try:
+        await trio.socket.getaddrinfo(host, None)
+    except OSError as exc:
+        return f"host {host!r} does not resolve ({exc.strerror or exc})"
+    return None
 
 
 @asynccontextmanager
@@ -260,6 +352,7 @@ async def open_subscriber(
     on_loss: Callable[[Loss], object] | None = None,
     replay_timeout: float = 5.0,
     hwm: int = 100_000,
+    max_held: int = MAX_HELD,
     curve_server_key: str | None = None,
     curve_secret_key: str | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
@@ -269,17 +362,18 @@ async def open_subscriber(
     Gaps are repaired from `replay_endpoint`. What cannot be repaired is never hidden: it is
     counted, logged, and passed to `on_loss(loss)` just before the next batch is delivered.
     `start_seq` fetches earlier batches from replay first (a late joiner's bootstrap).
-    For an encrypted publisher, `curve_server_key` is its public certificate file and
-    `curve_secret_key` this subscriber's secret certificate file (without one, an ephemeral
-    key pair is used, which a publisher that allows any client accepts).
+    `max_held` bounds the live batches held while a gap is repaired (later ones are fetched
+    from replay once it drains). For an encrypted publisher, `curve_server_key` is its public
+    certificate file and `curve_secret_key` this subscriber's secret certificate file (without
+    one, an ephemeral key pair is used, which a publisher that allows any client accepts).
     """
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
-    if start_seq is not None and (not isinstance(start_seq, int) or start_seq < 0):
-        raise ValueError(f"start_seq = {start_seq!r} must be a non-negative int")
-    if not (math.isfinite(replay_timeout) and replay_timeout > 0):
-        raise ValueError(f"replay_timeout = {replay_timeout} must be a positive number of seconds")
+    if start_seq is not None:
+        int_at_least("start_seq", start_seq, 0)
+    number_at_least("replay_timeout", replay_timeout, 0, above=True)
+    int_at_least("max_held", max_held, 1)
     if curve_secret_key is not None and curve_server_key is None:
         raise ValueError("curve_secret_key needs curve_server_key (the publisher's public key)")
     security = (
@@ -287,7 +381,7 @@ async def open_subscriber(
         if curve_server_key is None
         else ClientSecurity.from_files(curve_server_key, curve_secret_key)
     )
-    sequencer = Sequencer(replay_endpoint is not None, start_seq)
+    sequencer = Sequencer(replay_endpoint is not None, start_seq, max_held=max_held)
     first_actions = sequencer.start()
     context = context or zmq.Context.instance()
     sock = context.socket(zmq.SUB)
@@ -296,9 +390,11 @@ async def open_subscriber(
         sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         if security is not None:
             security.apply(sock)
+        monitor = SocketMonitor(sock, f"subscriber {endpoint}", SERVER_HINT)
         # Bind only to a wildcard: a publisher that connects out (no * in its endpoint) needs a
         # subscriber that binds, and an explicit address means "connect to the publisher".
-        address = attach(sock, endpoint, bind="*" in endpoint)
+        binds = "*" in endpoint
+        address = attach(sock, endpoint, bind=binds)
     except BaseException:
         sock.close(linger=0)
         raise
@@ -309,14 +405,20 @@ async def open_subscriber(
     try:
         if replay_endpoint is not None:
             replay = _ReplayClient(context, replay_endpoint, replay_timeout, inbox_send, security)
-        subscriber = Subscriber(sequencer, inbox_receive, requests_send, on_loss, address)
+        subscriber = Subscriber._create(
+            sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay
+        )
         subscriber._apply(first_actions)
         async with background_tasks() as nursery:
+            nursery.start_soon(monitor.run)
+            if not binds:
+                nursery.start_soon(_warn_if_unanswered, endpoint, monitor)
             nursery.start_soon(_read_live, sub, inbox_send)
             if replay is not None:
                 nursery.start_soon(replay.run, requests_receive)
             yield subscriber
     finally:
+        monitor.close()
         sub.close()
         if replay is not None:
             replay.close()

@@ -36,16 +36,20 @@ from tskv.sim import Simulator, Workload, run_round
 LOOPBACK = "tcp://127.0.0.1:*"
 CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
 ReplayLayout = Literal["tokenspeed", "vllm"]
-ReplayMode = Literal["answer", "never"]
+ReplayMode = Literal["answer", "never", "refuse"]
 
 
 class ScriptedPublisher:
     """A publisher that does exactly what the test says, on real loopback sockets.
 
-    Settings (change them at any time): `replay_mode` ("answer" or "never"), `replay_delay`
-    (seconds before each answer starts), `replay_layout` ("tokenspeed": `["", seq, payload]`,
-    or "vllm": `["", topic, seq, payload]`). `replay_requests` lists the start seqs asked for.
+    Settings (change them at any time): `replay_mode` ("answer", "never", or "refuse": end
+    every request at once with a refusal, as a publisher over its replay limits does),
+    `replay_delay` (seconds before each answer starts), `replay_layout` ("tokenspeed":
+    `["", seq, payload]`, or "vllm": `["", topic, seq, payload]`), `rank` (put in each batch).
+    `replay_requests` lists the start seqs asked for.
     """
+
+    SETTINGS = ("replay_mode", "replay_delay", "replay_layout", "rank")
 
     def __init__(self, pub: TrioSocket, endpoint: str, topic: str, rank: int) -> None:
         self.endpoint = endpoint
@@ -59,17 +63,16 @@ class ScriptedPublisher:
         self.replay_layout: ReplayLayout = "tokenspeed"
         self.replay_requests: list[int] = []
         self._pub = pub
-        self._subscribed = False
+        self._subscriptions = 0
 
     def payload(self, events: Iterable[KVEvent], ts: float = 1.0) -> bytes:
         return encode_batch(KVEventBatch(ts, events, self.rank))
 
     async def wait_for_subscriber(self) -> None:
         """Wait until a subscription for this topic has arrived (the slow-joiner problem)."""
-        while not self._subscribed:
+        while self._subscriptions < 1:
             message = await self._pub.receive()
-            if message[0][:1] == b"\x01" and self.topic.encode().startswith(message[0][1:]):
-                self._subscribed = True
+            self._subscriptions += frames.parse_subscription(message[0], self.topic.encode())
 
     def _take(self, seq: int | None) -> int:
         if seq is None:
@@ -127,22 +130,22 @@ class ScriptedPublisher:
             if self.replay_mode == "never":
                 continue
             await trio.sleep(self.replay_delay)
-            replies = [
-                frames.replay_reply(client, seq, self.buffer[seq])
-                for seq in sorted(seq for seq in self.buffer if seq >= start)
-            ]
+            topic = self.topic.encode() if self.replay_layout == "vllm" else None
+            if self.replay_mode == "refuse":
+                replies = [frames.replay_end(client, topic, "refused by the test's script")]
+            else:
+                replies = [
+                    frames.replay_reply(client, seq, self.buffer[seq], topic)
+                    for seq in sorted(seq for seq in self.buffer if seq >= start)
+                ]
+                replies.append(frames.replay_end(client, topic))
             try:
-                for reply in [*replies, frames.replay_end(client)]:
-                    await router.send(self._layout(reply))
+                for reply in replies:
+                    await router.send(reply)
             except zmq.ZMQError as exc:
                 if exc.errno != errno.EHOSTUNREACH:
                     raise
                 # The client left before its replay was over: serve the next one.
-
-    def _layout(self, reply: list[bytes]) -> list[bytes]:
-        if self.replay_layout == "vllm":
-            return [reply[0], b"", self.topic.encode(), *reply[2:]]
-        return reply
 
 
 def _socket(kind: int) -> tuple[TrioSocket, str]:
@@ -221,15 +224,19 @@ async def open_simulated_stream(
     block_size: int = 16,
     cache_blocks: int = 256,
     topic: str = "",
+    config: KVEventsConfig | None = None,
 ) -> AsyncIterator[SimulatedStream]:
-    """A real publisher on loopback (with replay) ready to play the seed's stream."""
+    """A real publisher ready to play the seed's stream: on loopback with replay and a buffer
+    that holds the whole stream, or with exactly the settings of `config` if given (then
+    `topic` is ignored: the config has its own)."""
     batches, final = simulated_batches(seed, rounds, requests_per_round, block_size, cache_blocks)
-    config = KVEventsConfig(
-        endpoint=LOOPBACK,
-        replay_endpoint=LOOPBACK,
-        topic=topic,
-        buffer_steps=max(len(batches), 1),
-    )
+    if config is None:
+        config = KVEventsConfig(
+            endpoint=LOOPBACK,
+            replay_endpoint=LOOPBACK,
+            topic=topic,
+            buffer_steps=max(len(batches), 1),
+        )
     async with open_publisher(config) as publisher:
         yield SimulatedStream(publisher, batches, final)
 
@@ -257,10 +264,15 @@ class ScriptedPublisherThread:
         return getattr(self.scripted, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("replay_mode", "replay_delay", "replay_layout"):
+        if name in ScriptedPublisher.SETTINGS:
             self._loop.run_sync(setattr, self.scripted, name, value)
-        else:
+        elif name in ("_loop", "scripted"):
             object.__setattr__(self, name, value)
+        else:
+            raise AttributeError(
+                f"{name!r} is not a setting of the scripted publisher; its settings are "
+                f"{', '.join(ScriptedPublisher.SETTINGS)}"
+            )
 
     def wait_for_subscriber(self, timeout: float = 10.0) -> None:
         async def wait() -> None:

@@ -3,12 +3,12 @@
 `ZmqEventPublisher` runs `open_publisher` in a Trio loop on its own thread. `publish()` encodes
 in the caller's thread, takes one of `max_queue_size` slots (waiting while none is free, where
 TokenSpeed's and vLLM's raise `queue.Full`), and hands the payload over; a slot is given back
-when the publish task takes the batch off its queue.
+when the publish task takes the batch off its queue. If the loop dies, every call raises at
+once with the loop's own error as the cause.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections import deque
@@ -18,14 +18,20 @@ from typing import Any
 
 import attrs
 import trio
+import zmq
 
 from tskv._trio_thread import TrioThread
 from tskv.codec import encode_batch
-from tskv.config import KVEventsConfig
+from tskv.config import ConfigError, KVEventsConfig, field_names
 from tskv.events import KVEventBatch
 from tskv.publisher import Publisher, PublisherClosedError, PublisherStatistics, open_publisher
 
 logger = logging.getLogger("tskv")
+
+
+class PublisherFailedError(PublisherClosedError):
+    """The threaded publisher's background loop stopped on an error (`__cause__`); batches
+    can no longer be published. Create a new publisher."""
 
 
 class NullEventPublisher:
@@ -42,7 +48,11 @@ class NullEventPublisher:
 
 
 class ZmqEventPublisher:
-    """TokenSpeed's publisher interface, backed by the Trio publisher on a thread of its own."""
+    """TokenSpeed's publisher interface, backed by the Trio publisher on a thread of its own.
+
+    The positional arguments are TokenSpeed's; every other `KVEventsConfig` key (CURVE, replay
+    limits, timeouts) is accepted as a keyword, or pass a whole config to `from_config`.
+    """
 
     def __init__(
         self,
@@ -54,35 +64,68 @@ class ZmqEventPublisher:
         max_queue_size: int = 100_000,
         topic: str = "",
         *,
-        shutdown_timeout: float = 1.0,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        **options: Any,
     ) -> None:
-        self.attn_dp_rank = attn_dp_rank
-        self._config = KVEventsConfig(
-            publisher="zmq",
+        unknown = sorted(set(options) - field_names())
+        if unknown:
+            raise ConfigError(
+                f"ZmqEventPublisher got unknown settings {', '.join(unknown)}; it takes the "
+                f"KVEventsConfig keys: {', '.join(sorted(field_names()))}"
+            )
+        options.setdefault("publisher", "zmq")
+        self.config = KVEventsConfig(
             endpoint=endpoint,
             replay_endpoint=replay_endpoint,
             buffer_steps=buffer_steps,
             hwm=hwm,
             max_queue_size=max_queue_size,
             topic=topic,
+            **options,
         )
-        self._shutdown_timeout = shutdown_timeout
+        self.attn_dp_rank = attn_dp_rank
+        self._context = context
         self._slots = threading.Semaphore(max_queue_size)
         self._lock = threading.Lock()
         self._handoff: deque[bytes] = deque()
         self._handoff_scheduled = False
         self._closed = False
-        self._loop = TrioThread(self._open, f"tskv-publisher-{attn_dp_rank}")
+        self._loop = TrioThread(
+            self._open, f"tskv-publisher-{attn_dp_rank}", on_failure=self._loop_failed
+        )
         self._publisher: Publisher = self._loop.value
+
+    @classmethod
+    def from_config(
+        cls,
+        config: KVEventsConfig,
+        attn_dp_rank: int = 0,
+        *,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> ZmqEventPublisher:
+        """A publisher with every key of `config`, as EventPublisherFactory builds it."""
+        return cls(attn_dp_rank, context=context, **config.to_mapping())
 
     @asynccontextmanager
     async def _open(self) -> AsyncIterator[Publisher]:
         async with open_publisher(
-            self._config, self.attn_dp_rank, shutdown_timeout=self._shutdown_timeout
+            self.config, self.attn_dp_rank, context=self._context, on_dequeue=self._slots.release
         ) as publisher:
-            publisher._on_dequeue = self._slots.release
             yield publisher
             self._move_handoff()  # what was handed over just before shutdown still goes
+
+    def _loop_failed(self, _: BaseException) -> None:
+        # Wake every publish() waiting for a slot: each then sees the failure and raises.
+        self._slots.release(self.config.max_queue_size)
+
+    def _check_usable(self) -> None:
+        if self._loop.failure is not None:
+            raise PublisherFailedError(
+                f"the tskv publisher on {self.endpoint} stopped: {self._loop.failure!r}; "
+                "create a new publisher"
+            ) from self._loop.failure
+        if self._closed:
+            raise PublisherClosedError("publish() after shutdown(); create a new publisher")
 
     @property
     def endpoint(self) -> str:
@@ -93,31 +136,45 @@ class ZmqEventPublisher:
         return self._publisher.replay_endpoint
 
     def statistics(self) -> PublisherStatistics:
-        return self._publisher.statistics()
+        """The publisher's statistics, counting batches still being handed over: accepted ==
+        published + queued + unsent_at_shutdown holds here too."""
+        stats = self._publisher.statistics()
+        with self._lock:
+            handed = len(self._handoff)
+        ended = self._loop.failure is not None or self._closed
+        return attrs.evolve(
+            stats,
+            accepted=stats.accepted + handed,
+            queued=stats.queued + (0 if ended else handed),
+            unsent_at_shutdown=stats.unsent_at_shutdown + (handed if ended else 0),
+        )
 
     def publish(self, batch: KVEventBatch) -> None:
         """Send `batch` (its rank filled in if missing); waits while the queue is full."""
-        if self._closed:
-            raise PublisherClosedError("publish() after shutdown(); create a new publisher")
+        self._check_usable()
         if batch.attn_dp_rank is None:
-            batch = attrs.evolve(batch, attn_dp_rank=self.attn_dp_rank)
+            batch = KVEventBatch(batch.ts, batch.events, self.attn_dp_rank)
         if not batch.events:
             return
         payload = encode_batch(batch)
         while not self._slots.acquire(timeout=0.1):  # backpressure, never a drop
-            if self._closed:
-                raise PublisherClosedError("the publisher was shut down while publish() waited")
+            self._check_usable()
         with self._lock:
-            if self._closed:
+            try:
+                self._check_usable()
+            except PublisherClosedError:
                 self._slots.release()
-                raise PublisherClosedError("publish() after shutdown(); create a new publisher")
+                raise
             self._handoff.append(payload)
             schedule = not self._handoff_scheduled
             self._handoff_scheduled = True
         if schedule:
-            # If shutdown() won the race, its final hand-off already took this payload.
-            with contextlib.suppress(trio.RunFinishedError):
+            try:
                 self._loop.run_sync_soon(self._move_handoff)
+            except trio.RunFinishedError:
+                # The loop has ended: if it failed, say so; if shutdown() won the race, its
+                # final hand-off already took this payload.
+                self._check_usable()
 
     def _move_handoff(self) -> None:
         """In the Trio thread: move handed-over payloads into the publisher's queue."""
@@ -126,17 +183,24 @@ class ZmqEventPublisher:
             self._handoff.clear()
             self._handoff_scheduled = False
         for payload in payloads:  # never full: slots bound what is in flight
-            self._publisher._queue_payload_nowait(payload)
+            self._publisher.publish_encoded_nowait(payload)
 
     def shutdown(self) -> None:
-        """Send what is queued (within the shutdown timeout), close, and join the thread."""
+        """Send what is queued (within the shutdown timeout), close, and join the thread.
+
+        Raises PublisherFailedError if the loop had stopped on an error."""
         with self._lock:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
-        # Handoffs scheduled before this run first: the loop runs its callbacks in order.
-        if not self._loop.close(self._shutdown_timeout + 5.0):
-            logger.error("tskv publisher thread did not stop within %.1f s", self._shutdown_timeout)
+        if first:
+            # Handoffs scheduled before this run first: the loop runs its callbacks in order.
+            wait = self.config.shutdown_timeout + 5.0
+            if not self._loop.close(wait):
+                logger.error("tskv publisher thread did not stop within %.1f s", wait)
+        if self._loop.failure is not None:
+            raise PublisherFailedError(
+                f"the tskv publisher on {self.endpoint} had stopped: {self._loop.failure!r}"
+            ) from self._loop.failure
 
 
 class EventPublisherFactory:
@@ -158,12 +222,4 @@ class EventPublisherFactory:
         config = cls._config(config_json)
         if config is None or not config.enabled:
             return NullEventPublisher(attn_dp_rank)
-        return ZmqEventPublisher(
-            attn_dp_rank,
-            endpoint=config.endpoint,
-            replay_endpoint=config.replay_endpoint,
-            buffer_steps=config.buffer_steps,
-            hwm=config.hwm,
-            max_queue_size=config.max_queue_size,
-            topic=config.topic,
-        )
+        return ZmqEventPublisher.from_config(config, attn_dp_rank)

@@ -1,0 +1,196 @@
+"""Every KVEventsConfig key reaches the publisher on every path that builds one: open_publisher,
+ZmqEventPublisher (keywords and from_config), the factory's JSON, `tskv simulate`, and
+tskv.testing. A key that one path dropped is how CURVE was once silently off."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import zmq
+
+import tskv
+from tests.zmq_helpers import LOOPBACK
+from tskv import EventPublisherFactory, KVEventsConfig, ZmqEventPublisher
+from tskv.cli import build_parser, simulate_config
+from tskv.demo import SimOptions, simulate
+from tskv.security import generate_keys
+from tskv.testing import open_simulated_stream
+
+
+def every_key_changed(tmp_path: Path) -> KVEventsConfig:
+    """A config in which every key differs from its default. A new key must be added here."""
+    _, secret = generate_keys(tmp_path / "server", "server")
+    generate_keys(tmp_path / "client", "client")
+    (tmp_path / "allowed").mkdir()
+    shutil.copy(tmp_path / "client" / "client.key", tmp_path / "allowed")
+    values: dict[str, Any] = {
+        "publisher": "zmq",
+        "endpoint": LOOPBACK,
+        "replay_endpoint": LOOPBACK,
+        "buffer_steps": 77,
+        "hwm": 55,
+        "max_queue_size": 66,
+        "topic": "kv-paths",
+        "enable_kv_cache_events": True,
+        "curve_secret_key": str(secret),
+        "curve_clients": str(tmp_path / "allowed"),
+        "curve_allow_any_client": False,  # the other way of saying who may connect
+        "replay_max_concurrent": 3,
+        "replay_max_batches": 9,
+        "replay_rate": 4.5,
+        "replay_burst": 6,
+        "replay_client_timeout": 2.5,
+        "shutdown_timeout": 0.75,
+    }
+    missing = sorted(tskv.config.field_names() - set(values))
+    assert not missing, f"give these new keys a non-default value here: {missing}"
+    config = KVEventsConfig(**values)
+    default = KVEventsConfig()
+    unchanged = [
+        field.name
+        for field in attrs.fields(KVEventsConfig)
+        if getattr(config, field.name) == getattr(default, field.name)
+        and field.name != "curve_allow_any_client"
+    ]
+    assert not unchanged, f"these keys kept their defaults: {unchanged}"
+    return config
+
+
+@attrs.frozen
+class Built:
+    """A publisher as one path built it: its config, where it bound, and a way to publish."""
+
+    config: KVEventsConfig
+    endpoint: str
+    publish: Callable[[list[tskv.KVEvent]], Awaitable[None]]
+
+
+def trio_built(publisher: tskv.Publisher) -> Built:
+    return Built(publisher.config, publisher.endpoint, publisher.publish)
+
+
+@asynccontextmanager
+async def trio_path(config: KVEventsConfig) -> AsyncIterator[Built]:
+    async with tskv.open_publisher(config) as publisher:
+        yield trio_built(publisher)
+
+
+@asynccontextmanager
+async def threaded(build: Callable[[], ZmqEventPublisher]) -> AsyncIterator[Built]:
+    publisher = await trio.to_thread.run_sync(build)
+
+    async def publish(events: list[tskv.KVEvent]) -> None:
+        batch = tskv.KVEventBatch(1.0, events)
+        await trio.to_thread.run_sync(publisher.publish, batch)
+
+    try:
+        yield Built(publisher.config, publisher.endpoint, publish)
+    finally:
+        await trio.to_thread.run_sync(publisher.shutdown)
+
+
+@asynccontextmanager
+async def keywords_path(config: KVEventsConfig) -> AsyncIterator[Built]:
+    async with threaded(lambda: ZmqEventPublisher(0, **config.to_mapping())) as built:
+        yield built
+
+
+@asynccontextmanager
+async def from_config_path(config: KVEventsConfig) -> AsyncIterator[Built]:
+    async with threaded(lambda: ZmqEventPublisher.from_config(config)) as built:
+        yield built
+
+
+@asynccontextmanager
+async def factory_path(config: KVEventsConfig) -> AsyncIterator[Built]:
+    text = json.dumps(config.to_mapping())
+
+    def build() -> ZmqEventPublisher:
+        made = EventPublisherFactory.create(text, 0)
+        assert isinstance(made, ZmqEventPublisher)
+        return made
+
+    async with threaded(build) as built:
+        yield built
+
+
+@asynccontextmanager
+async def cli_path(config: KVEventsConfig) -> AsyncIterator[Built]:
+    args = build_parser().parse_args(
+        ["simulate", "--kv-events-config", json.dumps(config.to_mapping())]
+    )
+    opened: list[tskv.Publisher] = []
+    ready = trio.Event()
+
+    def on_ready(publishers: list[tskv.Publisher]) -> None:
+        opened.extend(publishers)
+        ready.set()
+
+    async with trio.open_nursery() as nursery:
+        options = SimOptions(rounds=None, duration=30, round_interval=0.01)
+        nursery.start_soon(simulate, options, simulate_config(args), io.StringIO(), on_ready)
+        with trio.fail_after(10):
+            await ready.wait()
+        yield trio_built(opened[0])
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def tskv_testing_path(config: KVEventsConfig) -> AsyncIterator[Built]:
+    async with open_simulated_stream(rounds=2, config=config) as stream:
+        yield trio_built(stream.publisher)
+
+
+PATHS = [trio_path, keywords_path, from_config_path, factory_path, cli_path, tskv_testing_path]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda path: path.__name__)
+async def test_every_key_reaches_the_publisher(tmp_path: Path, path: Any) -> None:
+    config = every_key_changed(tmp_path)
+    async with path(config) as built:
+        assert built.config == config
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda path: path.__name__)
+async def test_curve_asked_for_on_any_path_keeps_a_plain_subscriber_out(
+    tmp_path: Path, path: Any
+) -> None:
+    config = every_key_changed(tmp_path)
+    async with path(config) as built:
+        plain = zmq.Context.instance().socket(zmq.SUB)
+        plain.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            plain.connect(built.endpoint)
+            for n in range(20):
+                await built.publish([tskv.BlockRemoved([n])])
+                assert not plain.poll(20)  # a bounded look: nothing may arrive in clear text
+        finally:
+            plain.close(linger=0)
+
+
+async def test_the_clear_text_control_does_receive_so_the_look_above_can_fail(
+    tmp_path: Path,
+) -> None:
+    config = attrs.evolve(every_key_changed(tmp_path), curve_secret_key=None, curve_clients=None)
+    async with trio_path(config) as built:
+        plain = zmq.Context.instance().socket(zmq.SUB)
+        plain.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            plain.connect(built.endpoint)
+            for n in range(500):
+                await built.publish([tskv.BlockRemoved([n])])
+                if plain.poll(20):
+                    break
+            else:
+                raise AssertionError("a clear-text subscriber never received anything")
+        finally:
+            plain.close(linger=0)
