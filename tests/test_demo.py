@@ -100,3 +100,15 @@ def test_demo_cli_exits_zero_and_help_explains_the_options() -> None:
         [sys.executable, "-m", "tskv", "demo", "--ranks", "0"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "use at least 1" in bad.stderr
+
+
+def test_simulate_and_listen_spell_the_replay_endpoint_alike_and_keep_the_old_spelling() -> None:
+    from tskv.cli import build_parser
+
+    parser = build_parser()
+    replay = "tcp://127.0.0.1:5558"
+    for command in (["simulate"], ["listen", "tcp://127.0.0.1:5557"]):
+        new = parser.parse_args([*command, "--replay-endpoint", replay])
+        old = parser.parse_args([*command, "--replay", replay])
+        assert vars(new) == vars(old)
+        assert replay in vars(new).values()

@@ -236,3 +236,102 @@ async def test_the_scripted_replay_survives_a_client_that_leaves(
     async with raw_socket(zmq.DEALER, tskv_scripted.replay_endpoint) as fresh:
         replies = await request_replay(fresh, 1990)
     assert [seq for seq, _ in replies] == list(range(1990, 2000))
+
+
+async def test_a_refusing_replay_is_retried_and_reported_as_refused_not_evicted(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    tskv_scripted.replay_mode = "refuse"
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint,
+        tskv_scripted.replay_endpoint,
+        replay_timeout=0.5,
+        on_loss=losses.append,
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.drop(ev(1))  # the buffer has it, but the publisher will not say
+        tskv_scripted.send(ev(2))
+        assert await take(sub, 2) == [0, 2]
+    assert losses == [Loss(1, 1, LossReason.REFUSED)]
+    assert len(tskv_scripted.replay_requests) > 1  # asked again, with a backoff
+    assert sub.statistics().replay_refusals == len(tskv_scripted.replay_requests)
+
+
+async def test_a_replay_refused_for_a_while_still_repairs(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    tskv_scripted.replay_mode = "refuse"
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.drop(ev(1))
+        tskv_scripted.send(ev(2))
+        seqs: list[int] = []
+
+        async def consume() -> None:
+            seqs.extend(await take(sub, 3))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            with trio.fail_after(10):
+                while not tskv_scripted.replay_requests:  # noqa: ASYNC110
+                    await trio.sleep(0.01)  # the first request has been refused
+            tskv_scripted.replay_mode = "answer"  # its limits let the next one through
+    assert seqs == [0, 1, 2]
+    assert losses == [] and sub.statistics().replay_refusals >= 1
+
+
+async def test_an_absurd_seq_is_one_discontinuity_not_9e18_lost_batches(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        for n in range(3):
+            tskv_scripted.send(ev(n))
+        tskv_scripted.send(ev(99), seq=2**63)
+        assert await take(sub, 4) == [0, 1, 2, 2**63]
+        stats = sub.statistics()
+    assert losses == [Loss(3, None, LossReason.RESTART, new_seq=2**63)]
+    assert stats.lost == 0
+
+
+async def test_the_hold_stays_bounded_while_replay_trickles_and_nothing_is_lost(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    tskv_scripted.replay_delay = 0.2  # replay is slow; live batches keep coming meanwhile
+    losses: list[Loss] = []
+    async with tskv.open_subscriber(
+        tskv_scripted.endpoint,
+        tskv_scripted.replay_endpoint,
+        max_held=10,
+        on_loss=losses.append,
+    ) as sub:
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send(ev(0))
+        tskv_scripted.drop(ev(1))
+        for n in range(2, 200):
+            tskv_scripted.send(ev(n))
+        got = await take_batches(sub, 200)
+        assert sub.statistics().held <= 10
+    assert [seq for seq, _ in got] == list(range(200))
+    assert [list(batch.events) for _, batch in got] == [ev(n) for n in range(200)]
+    assert losses == []
+
+
+def test_the_sync_scripted_publisher_forwards_every_setting_and_refuses_others(
+    tskv_scripted_sync: ScriptedPublisherThread,
+) -> None:
+    tskv_scripted_sync.rank = 5
+    tskv_scripted_sync.replay_delay = 0.25
+    assert (tskv_scripted_sync.scripted.rank, tskv_scripted_sync.replay_delay) == (5, 0.25)
+    assert tskv.decode_batch(tskv_scripted_sync.scripted.payload(ev(1))).attn_dp_rank == 5
+    with pytest.raises(AttributeError, match="'replay_dleay' is not a setting"):
+        tskv_scripted_sync.replay_dleay = 1.0

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import pytest
 import trio
 import zmq
 
@@ -120,3 +123,45 @@ def test_bad_endpoint_exits_2_with_a_clear_message() -> None:
         text=True,
     )
     assert result.returncode == 2 and "--from-seq needs --replay" in result.stderr
+
+
+def run_listen(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tskv", "listen", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_listen_problems_are_one_line_naming_the_fix_with_status_2(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.key"
+    junk.write_text("not a certificate")
+    long_ipc = "ipc://" + "/tmp/" + "x" * 200  # longer than a unix socket path may be
+    cases = [
+        (["tcp://nohost.invalid:1"], "does not resolve"),
+        (
+            ["tcp://127.0.0.1:1", "--curve-server-key", str(tmp_path / "missing.key")],
+            "does not exist",
+        ),
+        (["tcp://127.0.0.1:1", "--curve-server-key", str(junk)], "is not a ZeroMQ certificate"),
+        ([long_ipc], "cannot connect"),
+        (["tcp://127.0.0.1:1", "--replay-endpoint", "tcp://nohost.invalid:2"], "does not resolve"),
+    ]
+    for args, says in cases:
+        done = run_listen(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tskv listen: "), (args, done.stderr)
+        assert says in lines[0] and "Traceback" not in done.stderr
+
+
+async def test_a_publisher_that_never_answers_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as taken:
+        free = taken.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    # Nobody listens there any more: the subscriber retries silently, as ZeroMQ does.
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        async with tskv.open_subscriber(free, warn_unanswered_after=0.2):
+            with trio.fail_after(10):
+                while "no publisher has answered" not in caplog.text:  # noqa: ASYNC110
+                    await trio.sleep(0.05)  # a log line is all there is to wait for
+    assert f"no publisher has answered on {free} for 0.2 s" in caplog.text

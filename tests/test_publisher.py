@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import math
+import time
 
 import pytest
 import trio
@@ -37,14 +37,14 @@ def config(**changes: object) -> KVEventsConfig:
 async def test_first_batch_has_seq_0_and_the_events_sent() -> None:
     sent = [BlockStored([1, 2], None, [5, 6, 7, 8], 2), BlockRemoved([9])]
     async with tskv.open_publisher(config()) as publisher, subscribed(publisher) as sub:
-        before = trio.current_time()
+        before = time.time()
         await publisher.publish(sent)
+        after = time.time()
         topic, seq, batch = await receive_batch(sub)
     assert (topic, seq) == (b"", 0)
     assert list(batch.events) == sent
     assert batch.attn_dp_rank == 0
-    assert math.isfinite(batch.ts) and batch.ts > 1.7e9
-    assert trio.current_time() >= before
+    assert before <= batch.ts <= after  # the round's time is taken when publish() is called
 
 
 async def test_endpoints_report_the_ports_really_bound() -> None:
@@ -343,3 +343,119 @@ async def test_publishing_a_foreign_object_names_the_fix() -> None:
         with pytest.raises(TypeError, match="scheduler_kv_event_to_wire_event"):
             await publisher.publish([BlockRemoved([1]), object()])  # type: ignore[list-item]
         assert publisher.statistics().published == 0
+
+
+async def test_a_replay_request_flood_does_not_hold_up_live_batches() -> None:
+    import threading
+
+    async with tskv.open_publisher(config()) as publisher, subscribed(publisher) as sub:
+        assert publisher.replay_endpoint is not None
+        stop = threading.Event()
+        flooded = [0]
+
+        def flood(endpoint: str) -> None:  # one client, as many requests as the socket takes
+            dealer = zmq.Context.instance().socket(zmq.DEALER)
+            dealer.connect(endpoint)
+            request = [b"", (0).to_bytes(8, "big")]
+            while not stop.is_set():
+                try:
+                    dealer.send_multipart(request, zmq.NOBLOCK)
+                    flooded[0] += 1
+                except zmq.Again:
+                    stop.wait(0.0001)
+            dealer.close(linger=0)
+
+        thread = threading.Thread(target=flood, args=(publisher.replay_endpoint,))
+        thread.start()
+        try:
+            with trio.fail_after(10):
+                while publisher.statistics().replay_requests < 1000:  # noqa: ASYNC110
+                    await trio.sleep(0.001)  # the flood is under way
+            # The flood goes on for as long as this test runs; live batches must not wait
+            # for it to end (they once waited 5 s behind 100,000 requests).
+            with trio.fail_after(10):
+                for n in range(200):
+                    await publisher.publish(events(n))
+                    assert (await receive_batch(sub))[1] == n
+        finally:
+            stop.set()
+            await trio.to_thread.run_sync(thread.join)
+        stats = publisher.statistics()
+    assert stats.replays_refused > 0 and stats.replay_requests <= flooded[0]
+
+
+async def test_a_replay_client_that_never_reads_holds_a_bounded_pipe_whatever_the_hwm() -> None:
+    from tskv.publisher import REPLAY_PIPE
+
+    endpoint = inproc_name("idle-replay")
+    cfg = KVEventsConfig(
+        endpoint=inproc_name("idle-live"),
+        replay_endpoint=endpoint,
+        hwm=100_000,
+        buffer_steps=5000,
+        replay_client_timeout=0.3,
+    )
+    async with tskv.open_publisher(cfg) as publisher:
+        for n in range(5000):
+            await publisher.publish(events(n))
+        await trio.testing.wait_all_tasks_blocked()
+        idle = zmq.Context.instance().socket(zmq.DEALER)
+        try:
+            idle.setsockopt(zmq.RCVHWM, 1)
+            idle.connect(endpoint)
+            idle.send_multipart([b"", (0).to_bytes(8, "big")])
+            with trio.fail_after(10):
+                while publisher.statistics().replays_abandoned == 0:  # noqa: ASYNC110
+                    await trio.sleep(0.01)  # visible only in the statistics
+            stats = publisher.statistics()
+        finally:
+            idle.close(linger=0)
+    # ZeroMQ holds at most REPLAY_PIPE replies for it here (plus its own queue of 1), so an
+    # idle client costs the same bounded memory whether hwm is 10 or 100,000.
+    assert stats.batches_replayed <= REPLAY_PIPE + 1
+    assert stats.replays_abandoned == 1
+
+
+async def test_an_oversized_replay_request_disconnects_its_sender_unread() -> None:
+    from zmq.utils.monitor import parse_monitor_message
+
+    async with tskv.open_publisher(config()) as publisher:
+        await publisher.publish(events(0))
+        assert publisher.replay_endpoint is not None
+        async with raw_socket(zmq.DEALER, publisher.replay_endpoint) as big:
+            monitor = big.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            try:
+                await big.send([b"", b"\x00" * 1_000_000])  # a valid shape, 1 MB long
+                with trio.fail_after(10):
+                    while not monitor.poll(0):  # noqa: ASYNC110
+                        await trio.sleep(0.01)  # the publisher hangs up on it
+                assert parse_monitor_message(monitor.recv_multipart())["event"] == (
+                    zmq.EVENT_DISCONNECTED
+                )
+            finally:
+                big.sock.disable_monitor()
+                monitor.close(linger=0)
+        async with raw_socket(zmq.DEALER, publisher.replay_endpoint) as fine:
+            assert [seq for seq, _ in await request_replay(fine, 0)] == [0]
+        stats = publisher.statistics()
+    assert (stats.replay_requests, stats.invalid_requests) == (1, 0)
+
+
+async def test_an_error_from_the_body_keeps_the_cause_it_was_raised_with() -> None:
+    with pytest.raises(KeyError) as raised:
+        async with tskv.open_publisher(config()):
+            try:
+                raise ValueError("the real reason")
+            except ValueError as exc:
+                raise KeyError("what the caller sees") from exc
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert str(raised.value.__cause__) == "the real reason"
+
+
+async def test_any_replay_rate_the_config_accepts_the_publisher_opens_with() -> None:
+    async with tskv.open_publisher(config(replay_rate=0.0001)) as publisher:
+        assert publisher.config.replay_rate == 0.0001
+    with pytest.raises(tskv.ConfigError, match="replay_rate = 0: must be a finite number"):
+        config(replay_rate=0)
+    with pytest.raises(tskv.ConfigError, match="replay_rate = inf"):
+        config(replay_rate=float("inf"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -462,3 +463,71 @@ def test_secret_keys_never_appear_in_a_repr(tmp_path: Path) -> None:
     for holder, secret in ((server, server.keys.secret), (client, client.keys.secret)):
         text = repr(holder) + str(holder)
         assert secret.decode() not in text and "<hidden>" in text
+
+
+async def test_a_noisy_neighbour_on_the_same_host_does_not_starve_an_honest_subscriber() -> None:
+    import threading
+
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher:
+        for n in range(2000):
+            await publisher.publish(ev(n))
+        await trio.testing.wait_all_tasks_blocked()  # all sent before anyone subscribes
+        assert publisher.replay_endpoint is not None
+        stop = threading.Event()
+
+        def noisy(endpoint: str) -> None:  # cheap requests as fast as they go, same host
+            dealer = zmq.Context.instance().socket(zmq.DEALER)
+            dealer.connect(endpoint)
+            while not stop.wait(0.0005):
+                with contextlib.suppress(zmq.Again):
+                    dealer.send_multipart([b"", (1999).to_bytes(8, "big")], zmq.NOBLOCK)
+            dealer.close(linger=0)
+
+        thread = threading.Thread(target=noisy, args=(publisher.replay_endpoint,))
+        thread.start()
+        losses: list[Loss] = []
+        try:
+            with trio.fail_after(10):
+                while publisher.statistics().replays_refused < 100:  # noqa: ASYNC110
+                    await trio.sleep(0.01)  # the neighbour is over its limit
+            async with tskv.open_subscriber(
+                publisher.endpoint, publisher.replay_endpoint, start_seq=0, on_loss=losses.append
+            ) as sub:
+                seqs = []
+                with trio.fail_after(20):
+                    async for seq, _ in sub:
+                        seqs.append(seq)
+                        if seq == 1999:
+                            break
+        finally:
+            stop.set()
+            await trio.to_thread.run_sync(thread.join)
+    assert seqs == list(range(2000))
+    assert losses == []
+
+
+async def test_a_wrong_server_key_is_seen_and_logged_on_both_sides(
+    keys: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong, _ = generate_keys(keys["server_public"].parent / "wrong", "wrong")
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        async with (
+            tskv.open_publisher(curve_config(keys)) as publisher,
+            tskv.open_subscriber(
+                publisher.endpoint,
+                curve_server_key=str(wrong),
+                curve_secret_key=str(keys["alice"]),
+            ) as sub,
+        ):
+            with trio.fail_after(10):
+                while (  # noqa: ASYNC110 - visible only in the statistics
+                    publisher.statistics().handshake_failures == 0
+                    or sub.statistics().handshake_failures == 0
+                ):
+                    await trio.sleep(0.01)
+            assert sub.statistics().handshakes == 0
+    publisher_side = [r.getMessage() for r in caplog.records if "publisher tcp" in r.getMessage()]
+    subscriber_side = [r.getMessage() for r in caplog.records if "subscriber tcp" in r.getMessage()]
+    assert any("handshake with" in m and "curve_server_key" in m for m in publisher_side)
+    assert any("handshake with" in m and "curve_server_key" in m for m in subscriber_side)

@@ -146,7 +146,7 @@ class Publisher(metaclass=NoPublicConstructor):
             except trio.WouldBlock:
                 await self._send_waiting(payload)
                 return
-            except trio.ClosedResourceError:
+            except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
                 raise self._closed_error() from None
             self._accepted += 1
         self._unyielded += 1
@@ -161,7 +161,7 @@ class Publisher(metaclass=NoPublicConstructor):
     async def _send_waiting(self, payload: bytes) -> None:
         try:
             await self._send.send(payload)  # backpressure: wait for room, never drop
-        except trio.ClosedResourceError:
+        except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
         self._accepted += 1
         self._unyielded = 0
@@ -180,7 +180,7 @@ class Publisher(metaclass=NoPublicConstructor):
         thread), or raise trio.WouldBlock if `max_queue_size` batches are queued."""
         try:
             self._send.send_nowait(payload)
-        except trio.ClosedResourceError:
+        except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
         self._accepted += 1
 

@@ -43,7 +43,6 @@ from tskv.sequencer import (
 logger = logging.getLogger("tskv")
 
 INBOX_SIZE = 1024
-CONNECT_WARNING = 5.0  # seconds without a publisher's answer before saying so
 REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
 SERVER_HINT = (
     "check that curve_server_key is this publisher's public key and that the publisher "
@@ -62,6 +61,7 @@ class SubscriberStatistics:
     undecodable: int
     replay_requests: int
     replay_refusals: int  # requests the publisher refused (its limits) and this side retried
+    held: int  # live batches held right now while a gap is repaired (at most max_held)
     handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
     handshake_failures: int  # connections whose handshake failed: wrong keys, clear text
 
@@ -143,6 +143,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             undecodable=self._undecodable,
             replay_requests=self._replay_requests,
             replay_refusals=0 if self._replay is None else self._replay.refusals,
+            held=len(self._sequencer.pending),
             handshakes=sum(monitor.handshakes for monitor in self._monitors),
             handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
         )
@@ -312,17 +313,17 @@ class _ReplayClient:
         self._dealer = self._open()
 
 
-async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor) -> None:
+async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor, after: float) -> None:
     """A publisher that never answers (a wrong address, a host that does not resolve, a
     handshake that keeps failing) would otherwise leave the subscriber silent forever."""
-    with trio.move_on_after(CONNECT_WARNING):
+    with trio.move_on_after(after):
         await monitor.answered.wait()
         return
     problem = await unreachable_reason(endpoint)
     logger.warning(
-        "no publisher has answered on %s for %.0f s (still trying): %s",
+        "no publisher has answered on %s for %g s (still trying): %s",
         endpoint,
-        CONNECT_WARNING,
+        after,
         problem or "check the address and that the publisher is running",
     )
 
@@ -353,6 +354,7 @@ async def open_subscriber(
     replay_timeout: float = 5.0,
     hwm: int = 100_000,
     max_held: int = MAX_HELD,
+    warn_unanswered_after: float = 5.0,
     curve_server_key: str | None = None,
     curve_secret_key: str | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
@@ -363,9 +365,11 @@ async def open_subscriber(
     counted, logged, and passed to `on_loss(loss)` just before the next batch is delivered.
     `start_seq` fetches earlier batches from replay first (a late joiner's bootstrap).
     `max_held` bounds the live batches held while a gap is repaired (later ones are fetched
-    from replay once it drains). For an encrypted publisher, `curve_server_key` is its public
-    certificate file and `curve_secret_key` this subscriber's secret certificate file (without
-    one, an ephemeral key pair is used, which a publisher that allows any client accepts).
+    from replay once it drains). If no publisher has answered `warn_unanswered_after` seconds
+    after connecting, a warning says so (and why, when it can tell). For an encrypted
+    publisher, `curve_server_key` is its public certificate file and `curve_secret_key` this
+    subscriber's secret certificate file (without one, an ephemeral key pair is used, which a
+    publisher that allows any client accepts).
     """
     check_endpoint(endpoint)
     if replay_endpoint is not None:
@@ -374,6 +378,7 @@ async def open_subscriber(
         int_at_least("start_seq", start_seq, 0)
     number_at_least("replay_timeout", replay_timeout, 0, above=True)
     int_at_least("max_held", max_held, 1)
+    number_at_least("warn_unanswered_after", warn_unanswered_after, 0, above=True)
     if curve_secret_key is not None and curve_server_key is None:
         raise ValueError("curve_secret_key needs curve_server_key (the publisher's public key)")
     security = (
@@ -412,7 +417,7 @@ async def open_subscriber(
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
             if not binds:
-                nursery.start_soon(_warn_if_unanswered, endpoint, monitor)
+                nursery.start_soon(_warn_if_unanswered, endpoint, monitor, warn_unanswered_after)
             nursery.start_soon(_read_live, sub, inbox_send)
             if replay is not None:
                 nursery.start_soon(replay.run, requests_receive)

@@ -89,6 +89,7 @@ class ZmqEventPublisher:
         self._lock = threading.Lock()
         self._handoff: deque[bytes] = deque()
         self._handoff_scheduled = False
+        self._lost_in_handoff = 0  # handed over as the publisher died: counted unsent
         self._closed = False
         self._loop = TrioThread(
             self._open, f"tskv-publisher-{attn_dp_rank}", on_failure=self._loop_failed
@@ -142,11 +143,12 @@ class ZmqEventPublisher:
         with self._lock:
             handed = len(self._handoff)
         ended = self._loop.failure is not None or self._closed
+        unsent = self._lost_in_handoff + (handed if ended else 0)
         return attrs.evolve(
             stats,
-            accepted=stats.accepted + handed,
+            accepted=stats.accepted + handed + self._lost_in_handoff,
             queued=stats.queued + (0 if ended else handed),
-            unsent_at_shutdown=stats.unsent_at_shutdown + (handed if ended else 0),
+            unsent_at_shutdown=stats.unsent_at_shutdown + unsent,
         )
 
     def publish(self, batch: KVEventBatch) -> None:
@@ -182,8 +184,12 @@ class ZmqEventPublisher:
             payloads = list(self._handoff)
             self._handoff.clear()
             self._handoff_scheduled = False
-        for payload in payloads:  # never full: slots bound what is in flight
-            self._publisher.publish_encoded_nowait(payload)
+        for index, payload in enumerate(payloads):  # never full: slots bound what is in flight
+            try:
+                self._publisher.publish_encoded_nowait(payload)
+            except PublisherClosedError:  # the publish task has died: these never go out
+                self._lost_in_handoff += len(payloads) - index
+                return
 
     def shutdown(self) -> None:
         """Send what is queued (within the shutdown timeout), close, and join the thread.
