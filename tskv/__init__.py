@@ -13,7 +13,12 @@ from tskv.publisher import (
 from tskv.scheduler import drain_scheduler_kv_events, scheduler_kv_event_to_wire_event
 from tskv.sequencer import Loss, LossReason
 from tskv.subscriber import Subscriber, SubscriberStatistics, open_subscriber
-from tskv.threaded import EventPublisherFactory, NullEventPublisher, ZmqEventPublisher
+from tskv.threaded import (
+    EventPublisherFactory,
+    NullEventPublisher,
+    PublisherFailedError,
+    ZmqEventPublisher,
+)
 
 __all__ = [
     "AllBlocksCleared",
@@ -30,6 +35,7 @@ __all__ = [
     "NullEventPublisher",
     "Publisher",
     "PublisherClosedError",
+    "PublisherFailedError",
     "PublisherStatistics",
     "Subscriber",
     "SubscriberStatistics",

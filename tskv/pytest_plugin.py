@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "tskv_stream(seed=0, rounds=100, requests_per_round=2, block_size=16, cache_blocks=256, "
-        "topic=''): configure tskv's simulated stream fixtures",
+        "topic='', config=None): configure tskv's simulated stream fixtures",
     )
 
 
