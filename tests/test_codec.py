@@ -1,5 +1,9 @@
+"""The payload codec: both wires byte for byte against other publishers' encoders, every dialect
+decoded with every field kept, and nothing but WireError out of any input."""
+
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -13,73 +17,144 @@ from hypothesis import strategies as st
 import tskv
 from tests.conftest import load_vectors
 from tests.strategies import batches
-from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, WireError
-from tskv.codec import available_codecs
+from tskv import BlockRemoved, BlockStored, KVEventBatch, WireError
+from tskv.codec import DroppedFields, available_codecs, encode_round
+from tskv.events import FIELDS, event_fields
 
 TOKENSPEED = load_vectors("tokenspeed_wire.json")
+VLLM = load_vectors("vllm_wire.json")
 DIALECTS = load_vectors("other_dialects.json")
 CODECS = available_codecs()
+KINDS = {kind.__name__: kind for kind in FIELDS}
+
+
+def listed_events(case: dict[str, Any]) -> list[tskv.KVEvent]:
+    """The case's events, with exactly the fields it lists."""
+    return [
+        KINDS[event["type"]](**{k: v for k, v in event.items() if k != "type"})
+        for event in case["events"]
+    ]
 
 
 def expected_batch(case: dict[str, Any]) -> KVEventBatch:
-    events: list[tskv.KVEvent] = []
-    for event in case["events"]:
-        kind = event["type"]
-        if kind == "BlockStored":
-            events.append(
-                BlockStored(
-                    event["block_hashes"],
-                    event["parent_block_hash"],
-                    event["token_ids"],
-                    event["block_size"],
-                )
-            )
-        elif kind == "BlockRemoved":
-            events.append(BlockRemoved(event["block_hashes"]))
-        else:
-            assert kind == "AllBlocksCleared"
-            events.append(AllBlocksCleared())
-    return KVEventBatch(case["ts"], events, case["attn_dp_rank"])
+    rank = case["attn_dp_rank"] if "attn_dp_rank" in case else case["data_parallel_rank"]
+    return KVEventBatch(case["ts"], listed_events(case), rank)
 
 
+def ids(cases: list[dict[str, Any]]) -> list[str]:
+    return [case["name"] for case in cases]
+
+
+MSGPACK_ONLY = pytest.mark.skipif(
+    os.environ.get("TSKV_CODEC") == "msgpack", reason="this run is the world without msgspec"
+)
+
+
+@MSGPACK_ONLY
 def test_both_codecs_are_installed_for_the_test_session() -> None:
     # The tests session installs msgspec so both encoders run against every vector.
     assert set(CODECS) == {"msgpack", "msgspec"}
 
 
 @pytest.mark.parametrize("codec", sorted(CODECS))
-@pytest.mark.parametrize("case", TOKENSPEED, ids=[case["name"] for case in TOKENSPEED])
+@pytest.mark.parametrize("case", TOKENSPEED, ids=ids(TOKENSPEED))
 def test_encode_gives_tokenspeed_bytes_exactly(codec: str, case: dict[str, Any]) -> None:
     assert CODECS[codec].encode_batch(expected_batch(case)).hex() == case["payload_hex"]
 
 
-@pytest.mark.parametrize("case", TOKENSPEED, ids=[case["name"] for case in TOKENSPEED])
-def test_public_encode_batch_matches_vectors(case: dict[str, Any]) -> None:
-    assert tskv.encode_batch(expected_batch(case)).hex() == case["payload_hex"]
+@pytest.mark.parametrize("codec", sorted(CODECS))
+@pytest.mark.parametrize("case", VLLM, ids=ids(VLLM))
+def test_encode_gives_vllm_bytes_exactly(codec: str, case: dict[str, Any]) -> None:
+    payload = CODECS[codec].encode_batch(expected_batch(case), "vllm")
+    assert payload.hex() == case["payload_hex"]
 
 
-@pytest.mark.parametrize(
-    "case", TOKENSPEED + DIALECTS, ids=[case["name"] for case in TOKENSPEED + DIALECTS]
-)
-def test_decode_gives_back_the_listed_events(case: dict[str, Any]) -> None:
-    assert tskv.decode_batch(bytes.fromhex(case["payload_hex"])) == expected_batch(case)
+@pytest.mark.parametrize("case", TOKENSPEED, ids=ids(TOKENSPEED))
+def test_public_encode_batch_and_the_publishers_path_match_the_vectors(
+    case: dict[str, Any],
+) -> None:
+    batch = expected_batch(case)
+    assert tskv.encode_batch(batch).hex() == case["payload_hex"]
+    payload = encode_round(batch.ts, batch.events, case["attn_dp_rank"])
+    assert payload is None if not batch.events else payload.hex() == case["payload_hex"]
+
+
+@pytest.mark.parametrize("case", VLLM, ids=ids(VLLM))
+def test_the_vllm_wire_through_the_publishers_path(case: dict[str, Any]) -> None:
+    batch = expected_batch(case)
+    payload = encode_round(batch.ts, batch.events, case["data_parallel_rank"], "vllm")
+    assert payload is None if not batch.events else payload.hex() == case["payload_hex"]
 
 
 @pytest.mark.parametrize("codec", sorted(CODECS))
-@pytest.mark.parametrize(
-    "case", TOKENSPEED + DIALECTS, ids=[case["name"] for case in TOKENSPEED + DIALECTS]
-)
-def test_every_decoder_reads_every_dialect(codec: str, case: dict[str, Any]) -> None:
+@pytest.mark.parametrize("case", TOKENSPEED + VLLM, ids=ids(TOKENSPEED + VLLM))
+def test_every_decoder_gives_back_every_field(codec: str, case: dict[str, Any]) -> None:
     payload = bytes.fromhex(case["payload_hex"])
     assert CODECS[codec].decode_batch(payload) == expected_batch(case)
 
 
+REQUIRED = {"BlockStored": 4, "BlockRemoved": 1, "AllBlocksCleared": 0}
+
+
+def raw_optional_fields(raw: Any) -> dict[str, Any]:
+    """The optional fields other publishers put in an event, read from the msgpack itself."""
+    tag = raw["type"] if isinstance(raw, dict) else raw[0]
+    names = FIELDS[KINDS[tag]]
+    optional = names[REQUIRED[tag] :]
+    if isinstance(raw, dict):
+        return {k: v for k, v in raw.items() if k in optional}
+    return dict(zip(optional, raw[1 + REQUIRED[tag] :], strict=False))
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+@pytest.mark.parametrize("case", DIALECTS, ids=ids(DIALECTS))
+def test_other_dialects_decode_with_their_optional_fields_kept(
+    codec: str, case: dict[str, Any]
+) -> None:
+    payload = bytes.fromhex(case["payload_hex"])
+    decoded = CODECS[codec].decode_batch(payload)
+    expected = expected_batch(case)
+    assert (decoded.ts, decoded.attn_dp_rank) == (expected.ts, expected.attn_dp_rank)
+    raw_events = msgpack.unpackb(payload, strict_map_key=False)[1]
+    assert len(decoded.events) == len(expected.events) == len(raw_events)
+    for got, listed, raw in zip(decoded.events, expected.events, raw_events, strict=True):
+        fields = event_fields(got)
+        assert {k: fields[k] for k in event_fields(listed)} == event_fields(listed)
+        kept = {k: v for k, v in raw_optional_fields(raw).items() if v is not None}
+        assert {k: v for k, v in fields.items() if k not in event_fields(listed)} == kept
+
+
 @settings(max_examples=300)
-@given(batches)
-def test_round_trip_through_each_codec(batch: KVEventBatch) -> None:
+@given(batches(optional=True))
+def test_the_vllm_wire_round_trips_every_field_through_each_codec(batch: KVEventBatch) -> None:
+    payloads = {name: codec.encode_batch(batch, "vllm") for name, codec in CODECS.items()}
+    assert len(set(payloads.values())) == 1, "encoders disagree"
+    for codec in CODECS.values():
+        assert codec.decode_batch(payloads["msgpack"]) == batch
+
+
+@settings(max_examples=300)
+@given(batches())
+def test_the_tokenspeed_wire_round_trips_through_each_codec(batch: KVEventBatch) -> None:
     payloads = {name: codec.encode_batch(batch) for name, codec in CODECS.items()}
     assert len(set(payloads.values())) == 1, "encoders disagree"
-    assert tskv.decode_batch(payloads["msgpack"]) == batch
+    for codec in CODECS.values():
+        assert codec.decode_batch(payloads["msgpack"]) == batch
+
+
+def test_optional_fields_on_the_tokenspeed_wire_are_dropped_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dropped = DroppedFields()
+    events = [BlockStored([1], None, [1], 1, medium="CPU"), BlockRemoved([1], group_idx=2)]
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        for _ in range(3):
+            payload = encode_round(1.0, events, 0, dropped=dropped)
+    assert payload == encode_round(1.0, [BlockStored([1], None, [1], 1), BlockRemoved([1])], 0)
+    assert dropped.events == 6
+    [record] = caplog.records
+    assert "no slot for medium" in record.getMessage()
+    assert "wire_format='vllm'" in record.getMessage()
 
 
 def test_rank_none_round_trips_as_nil() -> None:
@@ -89,12 +164,14 @@ def test_rank_none_round_trips_as_nil() -> None:
     assert tskv.decode_batch(payload) == batch
 
 
+@MSGPACK_ONLY
 def test_codec_choice_is_visible_and_can_be_forced() -> None:
     assert tskv.codec_name() == "msgspec"
-    code = "import tskv; print(tskv.codec_name())"
+    event = "tskv.BlockStored([1], None, [], 1)"
+    code = f"import tskv; print(tskv.codec_name(), type({event}).__mro__[1].__name__)"
     env = {**os.environ, "TSKV_CODEC": "msgpack"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "msgpack", out.stderr
+    assert out.stdout.split() == ["msgpack", "object"], out.stderr  # not a msgspec Struct
     env["TSKV_CODEC"] = "nonsense"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "TSKV_CODEC='nonsense'" in out.stderr
@@ -128,13 +205,20 @@ def pack(value: Any) -> bytes:
         (pack([1.0, [["BlockStored", [1], None, [2**40], 1]], 0]), r"token_ids\[0\]"),
         (pack([1.0, [["BlockRemoved", [1.5]]], 0]), r"block_hashes\[0\] must be an int"),
         (pack([1.0, [["BlockRemoved", ["a"]]], 0]), r"block_hashes\[0\] must be an int"),
+        (pack([1.0, [["BlockRemoved", [1], 7]], 0]), "medium = 7 must be str"),
+        (pack([1.0, [["BlockStored", [1], None, [1], 1, "x"]], 0]), "lora_id = 'x' must be int"),
         (pack([1.0, [{"type": "BlockRemoved"}], 0]), "BlockRemoved lacks block_hashes"),
+        (
+            pack([1.0, [{"type": "BlockRemoved", "block_hashes": [1], "group_idx": -1}], 0]),
+            "group_idx = -1",
+        ),
         (pack([1.0, [{"kind": "BlockRemoved"}], 0]), "unknown event type None"),
     ],
 )
 def test_bad_payloads_raise_wire_error_saying_what(payload: bytes, says: str) -> None:
-    with pytest.raises(WireError, match=says):
-        tskv.decode_batch(payload)
+    for codec in CODECS.values():
+        with pytest.raises(WireError, match=says):
+            codec.decode_batch(payload)
 
 
 def test_wire_error_is_a_value_error_and_non_bytes_is_refused() -> None:
@@ -152,7 +236,7 @@ def decodes_or_wire_error(payload: bytes) -> None:
             results.append(None)
     assert all(result == results[0] for result in results), "decoders disagree"
     if results[0] is not None:  # what decodes is a batch tskv can send on unchanged
-        assert tskv.decode_batch(tskv.encode_batch(results[0])) == results[0]
+        assert tskv.decode_batch(tskv.encode_batch(results[0], "vllm")) == results[0]
 
 
 @settings(max_examples=3000)
@@ -161,7 +245,7 @@ def test_random_bytes_never_raise_anything_but_wire_error(payload: bytes) -> Non
     decodes_or_wire_error(payload)
 
 
-VALID = [bytes.fromhex(case["payload_hex"]) for case in TOKENSPEED + DIALECTS]
+VALID = [bytes.fromhex(case["payload_hex"]) for case in TOKENSPEED + VLLM + DIALECTS]
 
 
 @settings(max_examples=3000)
@@ -187,10 +271,16 @@ msgpack_values = st.recursive(
     | st.floats()
     | st.text(max_size=12)
     | st.binary(max_size=12)
-    | st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "type"]),
+    | st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "type", "GPU"]),
     lambda inner: (
-        st.lists(inner, max_size=6)
-        | st.dictionaries(st.sampled_from(["type", "block_hashes", "token_ids"]), inner, max_size=4)
+        st.lists(inner, max_size=8)
+        | st.dictionaries(
+            st.sampled_from(
+                ["type", "block_hashes", "token_ids", "block_size", "medium", "group_idx"]
+            ),
+            inner,
+            max_size=5,
+        )
     ),
     max_leaves=30,
 )
@@ -201,12 +291,4 @@ msgpack_values = st.recursive(
 def test_well_formed_msgpack_of_any_shape_is_a_batch_or_wire_error(value: Any) -> None:
     decodes_or_wire_error(pack(value))
     decodes_or_wire_error(pack([1.0, [value], 0]))
-
-
-@pytest.mark.parametrize("case", TOKENSPEED, ids=[case["name"] for case in TOKENSPEED])
-def test_the_publishers_direct_path_gives_the_same_bytes(case: dict[str, Any]) -> None:
-    from tskv.codec import encode_round
-
-    batch = expected_batch(case)
-    payload = encode_round(batch.ts, batch.events, case["attn_dp_rank"])
-    assert payload is None if not batch.events else payload.hex() == case["payload_hex"]
+    decodes_or_wire_error(pack([1.0, [["BlockStored", [1], None, [2], 4, value]], 0]))

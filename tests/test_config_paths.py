@@ -41,6 +41,8 @@ def every_key_changed(tmp_path: Path) -> KVEventsConfig:
         "max_queue_size": 66,
         "topic": "kv-paths",
         "enable_kv_cache_events": True,
+        "wire_format": "vllm",
+        "strict": True,
         "curve_secret_key": str(secret),
         "curve_clients": str(tmp_path / "allowed"),
         "curve_allow_any_client": False,  # the other way of saying who may connect

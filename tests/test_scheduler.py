@@ -9,6 +9,7 @@ from tskv import (
     drain_scheduler_kv_events,
     scheduler_kv_event_to_wire_event,
 )
+from tskv.codec import encode_round
 
 
 def test_translates_each_kind() -> None:
@@ -30,10 +31,27 @@ def test_unknown_kind_is_refused_by_name_even_with_a_known_shape() -> None:
         scheduler_kv_event_to_wire_event(SimpleNamespace(block_hashes=[1]))
 
 
-def test_bad_values_from_the_scheduler_are_named() -> None:
+def test_bad_values_from_the_scheduler_are_named_when_published() -> None:
     event = SimpleNamespace(kind="BlockRemoved", block_hashes=[-(2**64)])
-    with pytest.raises(ValueError, match=r"block_hashes\[0\]"):
-        scheduler_kv_event_to_wire_event(event)
+    translated = scheduler_kv_event_to_wire_event(event)
+    with pytest.raises(ValueError, match=r"events\[0\].block_hashes\[0\]"):
+        encode_round(1.0, [translated], 0)
+
+
+def test_optional_fields_a_native_event_carries_come_along() -> None:
+    stored = SimpleNamespace(
+        kind="BlockStored",
+        block_hashes=[1],
+        parent_block_hash=None,
+        token_ids=[3],
+        block_size=4,
+        medium="CPU",
+        lora_name="sql",
+    )
+    translated = scheduler_kv_event_to_wire_event(stored)
+    assert translated == BlockStored([1], None, [3], 4, medium="CPU", lora_name="sql")
+    removed = SimpleNamespace(kind="BlockRemoved", block_hashes=[5], medium="DISK")
+    assert scheduler_kv_event_to_wire_event(removed) == BlockRemoved([5], medium="DISK")
 
 
 def test_drain_when_disabled_does_not_touch_the_scheduler() -> None:

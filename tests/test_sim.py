@@ -39,7 +39,7 @@ def test_sampling_seeds_change_decode_blocks_not_shared_prompt_blocks() -> None:
         return [e.block_hashes for e in events if isinstance(e, BlockStored)]
 
     a, b = stored(1), stored(100)  # choices get 1..3 and 100..102
-    prompt_blocks = tuple(chain_hashes(prompt, 4))
+    prompt_blocks = list(chain_hashes(prompt, 4))
     assert a[0] == b[0] == prompt_blocks  # stored once, shared by all three choices
     decode_a = {h for hashes in a[1:] for h in hashes}
     decode_b = {h for hashes in b[1:] for h in hashes}

@@ -1,100 +1,236 @@
-"""`python -m tskv.bench` (`nox -s bench`, `tskv bench`): tskv against the ceiling, in one run.
+"""`python -m tskv.bench` (`nox -s bench`, `tskv bench`): what a scheduler and a router really pay.
 
-Machines here are shared and noisy, so every figure comes with a reference measured in the same
-run, with the same subscriber process: the ceiling (a plain pyzmq PUB sending pre-encoded
-payloads: no encoding, no queue, no Trio) and the baseline (the conventional threaded publisher
-TokenSpeed and vLLM ship: a queue.Queue, one thread, msgspec, blocking pyzmq). Each figure is the
-median of several alternating repetitions, with the spread (min..max).
+Every figure is set beside references measured in the same run, on the loop users really run:
+a scheduler builds new event objects every round (from the block hashes and token lists its
+cache already holds) and a router decodes every batch it receives. The references:
 
-This is not a test: nothing here passes or fails.
+- TokenSpeed's way: msgspec Structs, array-like and tagged as TokenSpeed's events are, built
+  every round, and msgspec's encoder; on the consumer side, msgspec's typed decoder into Structs.
+- the ceiling: a plain pyzmq PUB sending pre-encoded payloads (no encoding, no queue, no Trio).
+- the baseline: the conventional threaded publisher TokenSpeed and vLLM ship (queue.Queue, a
+  thread, msgspec, blocking pyzmq), building its Structs every round.
+
+Machines here are shared and noisy: each figure is the median of several alternating
+repetitions, with the spread. The figures without msgspec come from a child process started with
+TSKV_CODEC=msgpack, so they are what a machine without msgspec runs. This is not a test: nothing
+here passes or fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
+import json
 import math
 import multiprocessing
 import os
 import platform
 import queue
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache, partial
 from multiprocessing.connection import Connection
 from typing import Any
 
-import msgpack
 import trio
 import trio.testing
 import zmq
 
 import tskv
-from tskv import codec as codec_module
+from tskv._msgspec import msgspec
 from tskv._trio_zmq import bound_endpoint
+from tskv.codec import encode_round
 from tskv.config import KVEventsConfig
 from tskv.events import BlockStored, KVEvent, KVEventBatch
 from tskv.publisher import open_publisher
 
 LOOPBACK = "tcp://127.0.0.1:*"
+SHAPES = {"small": (10, 4, 64), "large": (200, 4, 64), "huge": (1, 2048, 32_768)}
+ROUNDS = {"small": 20_000, "large": 2_000, "huge": 300}
+Row = dict[str, Any]
 
 
-def shape(name: str) -> list[KVEvent]:
-    """The three round shapes: small and large rounds, and one huge prefill."""
-    if name == "huge":
-        return [BlockStored(range(10**6, 10**6 + 2048), None, range(32_768), 16)]
-    count = 10 if name == "small" else 200
+# -- the scheduler's state and the three ways of turning it into a round ----------------------
+
+
+class NativeEvent:
+    """What a scheduler binding hands over: an object with a kind and the block's data."""
+
+    __slots__ = ("block_hashes", "block_size", "kind", "parent_block_hash", "token_ids")
+
+    def __init__(self, hashes: list[int], parent: int | None, tokens: list[int]) -> None:
+        self.kind = "BlockStored"
+        self.block_hashes, self.parent_block_hash, self.token_ids = hashes, parent, tokens
+        self.block_size = 16
+
+
+def scheduler_state(shape: str) -> list[tuple[list[int], int | None, list[int]]]:
+    """The hashes, parents and token lists a round's events are built from: the scheduler's
+    own data, made once (every publisher is handed the same lists)."""
+    events, hashes, tokens = SHAPES[shape]
     return [
-        BlockStored([4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4], 4 * i, range(64), 16)
-        for i in range(count)
+        (list(range(n * hashes + 1, (n + 1) * hashes + 1)), n * hashes or None, list(range(tokens)))
+        for n in range(events)
     ]
 
 
-ROUNDS = {"small": 20_000, "large": 2_000, "huge": 300}
+@cache
+def tokenspeed_types() -> tuple[Any, Any, Any]:
+    """TokenSpeed's event types as msgspec Structs (array-like, tagged), its batch, and a typed
+    decoder for its batches, written here to the same shape."""
+    import msgspec
+
+    stored = msgspec.defstruct(
+        "Stored",
+        [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+        ],
+        array_like=True,
+        tag="BlockStored",
+    )
+    batch = msgspec.defstruct(
+        "Batch",
+        [("ts", float), ("events", list[stored]), ("attn_dp_rank", int | None, None)],  # type: ignore[valid-type]
+        array_like=True,
+    )
+    return stored, batch, msgspec.msgpack.Decoder(batch)
 
 
-# -- the subscriber process ---------------------------------------------------------------------
+def round_makers(shape: str) -> dict[str, Callable[[], Any]]:
+    """Callables that build one round's new events each time they are called."""
+    state = scheduler_state(shape)
+    native = [NativeEvent(*item) for item in state]
+    makers: dict[str, Callable[[], Any]] = {
+        "tskv": lambda: [BlockStored(h, p, t, 16) for h, p, t in state],
+        "tskv from scheduler objects": lambda: [
+            tskv.scheduler_kv_event_to_wire_event(event) for event in native
+        ],
+    }
+    if msgspec is not None:
+        stored, batch, _ = tokenspeed_types()
+
+        def translate(event: Any) -> Any:  # as TokenSpeed's own translation does, by kind
+            if event.kind == "BlockStored":
+                return stored(
+                    event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                )
+            raise TypeError(event.kind)
+
+        makers["TokenSpeed Structs"] = lambda: batch(
+            time.time(), [stored(h, p, t, 16) for h, p, t in state], 0
+        )
+        makers["TokenSpeed from scheduler objects"] = lambda: batch(
+            time.time(), [translate(event) for event in native], 0
+        )
+    return makers
 
 
-def _subscriber(endpoint: str, count: int, decode: bool, conn: Connection) -> None:
-    """Receive `count` batches (decoding each, or only counting frames) and report timings."""
+def _per_call(fn: Callable[[], object], n: int, reps: int = 5) -> float:
+    samples = []
+    for _ in range(reps):
+        gc.collect()
+        started = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - started) / n * 1e6)
+    return statistics.median(samples)
+
+
+def _encode_with(encode: Callable[[Any], bytes], make: Callable[[], Any]) -> bytes:
+    return encode(make())
+
+
+def _publish_round(make: Callable[[], list[KVEvent]], strict: bool) -> bytes | None:
+    return encode_round(time.time(), make(), 0, strict=strict)
+
+
+def build_encode_costs() -> dict[str, dict[str, float]]:
+    """µs per round to build new events and encode them, per shape and contender."""
+    encode = None if msgspec is None else msgspec.msgpack.Encoder().encode
+    results: dict[str, dict[str, float]] = {}
+    for shape in SHAPES:
+        makers = round_makers(shape)
+        n = {"small": 3000, "large": 200, "huge": 60}[shape]
+        row = {}
+        for name, make in makers.items():
+            if name.startswith("TokenSpeed"):
+                assert encode is not None
+                row[name] = _per_call(partial(_encode_with, encode, make), n)
+            else:
+                row[name] = _per_call(partial(_publish_round, make, False), n)
+        row["tskv, strict"] = _per_call(partial(_publish_round, makers["tskv"], True), n)
+        results[shape] = row
+    return results
+
+
+def decode_costs() -> dict[str, dict[str, float]]:
+    """µs per batch for a router to decode what it receives."""
+    results: dict[str, dict[str, float]] = {}
+    for shape in SHAPES:
+        payload = encode_round(time.time(), round_makers(shape)["tskv"](), 0)
+        assert payload is not None
+        n = {"small": 3000, "large": 200, "huge": 40}[shape]
+        row = {"tskv": _per_call(partial(tskv.decode_batch, payload), n)}
+        if msgspec is not None:
+            row["msgspec typed"] = _per_call(partial(tokenspeed_types()[2].decode, payload), n)
+        results[shape] = row
+    return results
+
+
+# -- processes on the other end of the socket -------------------------------------------------
+
+
+def _counting_subscriber(endpoint: str, count: int, conn: Connection) -> None:
+    """Receive `count` batches (frames only) and report when the first and last arrived."""
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVTIMEO, 20_000)
     sock.connect(endpoint)
     conn.send("connected")
-    received = 0
-    first = last = 0.0
-    latencies: list[float] = []
-    sock.setsockopt(zmq.RCVTIMEO, 20_000)
+    received, first, last = 0, 0.0, 0.0
     try:
         while received < count:
-            frames = sock.recv_multipart()
-            now = time.time()
+            sock.recv_multipart()
             if received == 0:
                 first = time.monotonic()
-            if decode:
-                batch = tskv.decode_batch(frames[2])
-                latencies.append(now - batch.ts)
             received += 1
-        last = time.monotonic()
     except zmq.Again:
-        last = time.monotonic()
-    conn.send((received, first, last, latencies))
+        pass
+    last = time.monotonic()
+    conn.send((received, first, last))
+    sock.close(linger=0)
+
+
+def _stream_publisher(shape: str, count: int, conn: Connection) -> None:
+    """Send `count` pre-encoded batches as fast as the socket takes them, once subscribed."""
+    payload = encode_round(time.time(), round_makers(shape)["tskv"](), 0)
+    assert payload is not None
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.bind(LOOPBACK)
+    conn.send(bound_endpoint(sock))
+    sock.recv()  # a subscription
+    for seq in range(count):
+        sock.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+    conn.recv()  # until told the run is over
     sock.close(linger=0)
 
 
 @contextmanager
-def subscriber_process(endpoint: str, count: int, decode: bool) -> Iterator[Connection]:
+def child(target: Callable[..., None], *args: Any) -> Iterator[Connection]:
     context = multiprocessing.get_context("spawn")
-    parent, child = context.Pipe()
-    process = context.Process(target=_subscriber, args=(endpoint, count, decode, child))
+    parent, end = context.Pipe()
+    process = context.Process(target=target, args=(*args, end))
     process.start()
-    assert parent.recv() == "connected"
     try:
         yield parent
     finally:
@@ -103,91 +239,135 @@ def subscriber_process(endpoint: str, count: int, decode: bool) -> Iterator[Conn
             process.kill()
 
 
-def _wait_subscribed(sock: zmq.Socket[bytes]) -> None:
-    """Block until an XPUB sees a subscription: the plain senders' answer to the slow joiner."""
-    sock.setsockopt(zmq.RCVTIMEO, 20_000)
-    sock.recv()
+# -- consumers: a router decoding every batch --------------------------------------------------
 
 
-# -- the three publishers ------------------------------------------------------------------------
+def subscriber_rates(shape: str, count: int) -> dict[str, float]:
+    """Decoded batches a second: open_subscriber against a bare pyzmq SUB + msgspec typed
+    decode loop, each reading the same stream from a publisher in another process."""
+    rates = {"open_subscriber": _tskv_consumer(shape, count)}
+    if msgspec is not None:
+        rates["bare pyzmq + msgspec"] = _bare_consumer(shape, count)
+    return rates
 
 
-def run_tskv(
-    events: list[KVEvent], count: int, decode: bool, codec: str | None = None
-) -> dict[str, Any]:
-    """tskv's Trio publisher: publish() each round, the publish task sends."""
-    if codec is not None:
-        _set_codec(codec)
-    result: dict[str, Any] = {}
+def _bare_consumer(shape: str, count: int) -> float:
+    decode = tokenspeed_types()[2].decode
+    with child(_stream_publisher, shape, count) as conn:
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(conn.recv())
+        first = 0.0
+        for n in range(count):
+            _, _, payload = sock.recv_multipart()
+            decode(payload)
+            if n == 0:
+                first = time.monotonic()
+        elapsed = time.monotonic() - first
+        sock.close(linger=0)
+        conn.send("done")
+    return (count - 1) / elapsed
+
+
+def _tskv_consumer(shape: str, count: int) -> float:
+    elapsed = 0.0
 
     async def main() -> None:
-        config = KVEventsConfig(endpoint=LOOPBACK, hwm=0, max_queue_size=100_000)
+        nonlocal elapsed
+        with child(_stream_publisher, shape, count) as conn:
+            endpoint = await trio.to_thread.run_sync(conn.recv)
+            async with tskv.open_subscriber(endpoint, hwm=0) as sub:
+                first = 0.0
+                n = 0
+                async for _ in sub:
+                    if n == 0:
+                        first = time.monotonic()
+                    n += 1
+                    if n == count:
+                        break
+                elapsed = time.monotonic() - first
+            conn.send("done")
+
+    trio.run(main)
+    return (count - 1) / elapsed
+
+
+# -- publishers: a scheduler building new events every round -----------------------------------
+
+
+def _rates(count: int, received: int, started: float, last: float) -> Row:
+    result: Row = {"batches_per_s": received / max(last - started, 1e-9)}
+    if received < count:
+        result["missing"] = count - received
+    return result
+
+
+def run_tskv(shape: str, count: int, source: str = "tskv") -> Row:
+    """tskv's Trio publisher: each round builds new events and publish()es them."""
+    make = round_makers(shape)[source]
+    result: Row = {}
+
+    async def main() -> None:
+        config = KVEventsConfig(endpoint=LOOPBACK, hwm=0)
         async with open_publisher(config) as publisher:
-            with subscriber_process(publisher.endpoint, count, decode) as conn:
+            with child(_counting_subscriber, publisher.endpoint, count) as conn:
+                await trio.to_thread.run_sync(conn.recv)
                 await publisher.wait_for_subscriber()
-                inside = 0.0
                 started = time.monotonic()
                 for _ in range(count):
-                    before = time.perf_counter()
-                    await publisher.publish(events)
-                    inside += time.perf_counter() - before
-                result["publish_us"] = inside / count * 1e6
-                received, _, last, latencies = await trio.to_thread.run_sync(conn.recv)
-        result.update(_rates(count, received, started, last, latencies))
+                    await publisher.publish(make())
+                received, _, last = await trio.to_thread.run_sync(conn.recv)
+        result.update(_rates(count, received, started, last))
 
     trio.run(main)
     return result
 
 
-def run_ceiling(events: list[KVEvent], count: int, decode: bool) -> dict[str, Any]:
-    """A plain pyzmq PUB sending pre-encoded payloads in a loop: what the socket can do."""
-    payload = tskv.encode_batch(KVEventBatch(time.time(), events, 0))
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.bind(LOOPBACK)
-    endpoint = bound_endpoint(sock)
-    copy = len(payload) < 65536
+def run_threaded_tskv(shape: str, count: int) -> Row:
+    """tskv's drop-in ZmqEventPublisher, fed from a plain thread."""
+    make = round_makers(shape)["tskv"]
+    publisher = tskv.ZmqEventPublisher(0, endpoint=LOOPBACK, hwm=0)
     try:
-        with subscriber_process(endpoint, count, decode) as conn:
-            _wait_subscribed(sock)
+        with child(_counting_subscriber, publisher.endpoint, count) as conn:
+            conn.recv()
+            deadline = time.monotonic() + 20
+            while publisher.statistics().subscriptions < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)  # a plain thread: poll the publisher's own count
             started = time.monotonic()
-            for seq in range(count):
-                sock.send_multipart([b"", seq.to_bytes(8, "big"), payload], copy=copy)
-            received, _, last, _ = conn.recv()
+            for _ in range(count):
+                publisher.publish(KVEventBatch(time.time(), make(), 0))
+            received, _, last = conn.recv()
     finally:
-        sock.close(linger=0)
-    return _rates(count, received, started, last, [])
+        publisher.shutdown()
+    return _rates(count, received, started, last)
 
 
-class _BaselinePublisher:
-    """The conventional design, written here: queue.Queue, a thread, msgspec, blocking pyzmq."""
+class BaselinePublisher:
+    """The conventional design, written here: queue.Queue, a thread, msgspec, blocking pyzmq,
+    and a replay buffer as TokenSpeed's keeps."""
 
-    def __init__(self, endpoint: str) -> None:
-        import msgspec
-
+    def __init__(self) -> None:
+        assert msgspec is not None
         self._encode = msgspec.msgpack.Encoder().encode
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=100_000)
         self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
         self.sock.setsockopt(zmq.SNDHWM, 0)
-        self.sock.bind(endpoint)
+        self.sock.bind(LOOPBACK)
         self.endpoint = bound_endpoint(self.sock)
         self._buffer: list[tuple[int, bytes]] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def publish(self, batch: Any) -> None:
-        self._queue.put_nowait(batch)
+        self._queue.put(batch)
 
     def _run(self) -> None:
         seq = 0
-        while True:
-            batch = self._queue.get()
-            if batch is None:
-                return
+        while (batch := self._queue.get()) is not None:
             payload = self._encode(batch)
-            seq_bytes = seq.to_bytes(8, "big")
             self._buffer.append((seq, payload))
-            self.sock.send_multipart([b"", seq_bytes, payload])
+            self.sock.send_multipart([b"", seq.to_bytes(8, "big"), payload])
             seq += 1
 
     def shutdown(self) -> None:
@@ -196,243 +376,50 @@ class _BaselinePublisher:
         self.sock.close(linger=0)
 
 
-def _msgspec_batch(events: list[KVEvent]) -> Any:
-    """The baseline's own event types: msgspec Structs, array-like and tagged, as TokenSpeed's."""
-    import msgspec
-
-    class Stored(msgspec.Struct, array_like=True, tag="BlockStored"):
-        block_hashes: list[int]
-        parent_block_hash: int | None
-        token_ids: list[int]
-        block_size: int
-
-    class Batch(msgspec.Struct, array_like=True):
-        ts: float
-        events: list[Stored]
-        attn_dp_rank: int
-
-    stored = [
-        Stored(list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size)
-        for e in events
-        if isinstance(e, BlockStored)
-    ]
-    return lambda: Batch(time.time(), stored, 0)
-
-
-def _run_sync_publisher(
-    endpoint: str,
-    wait_subscribed: Callable[[], None],
-    publish: Callable[[Any], None],
-    make_batch: Callable[[], Any],
-    count: int,
-    decode: bool,
-) -> dict[str, Any]:
-    """Publish `count` batches from this (plain, non-Trio) thread, timing each publish call."""
-    with subscriber_process(endpoint, count, decode) as conn:
-        wait_subscribed()
-        inside = 0.0
-        started = time.monotonic()
-        for _ in range(count):
-            batch = make_batch()
-            before = time.perf_counter()
-            publish(batch)
-            inside += time.perf_counter() - before
-        received, _, last, latencies = conn.recv()
-    result = _rates(count, received, started, last, latencies)
-    result["publish_us"] = inside / count * 1e6
-    return result
-
-
-def run_baseline(events: list[KVEvent], count: int, decode: bool) -> dict[str, Any]:
-    if "msgspec" not in codec_module.available_codecs():
-        return {"batches_per_s": math.nan, "publish_us": math.nan}  # the baseline needs msgspec
-    publisher = _BaselinePublisher(LOOPBACK)
+def run_baseline(shape: str, count: int, source: str = "TokenSpeed Structs") -> Row:
+    if msgspec is None:
+        return {"batches_per_s": math.nan}
+    make = round_makers(shape)[source]
+    publisher = BaselinePublisher()
     try:
-        return _run_sync_publisher(
-            publisher.endpoint,
-            functools.partial(_wait_subscribed, publisher.sock),
-            publisher.publish,
-            _msgspec_batch(events),
-            count,
-            decode,
-        )
+        with child(_counting_subscriber, publisher.endpoint, count) as conn:
+            conn.recv()
+            publisher.sock.setsockopt(zmq.RCVTIMEO, 20_000)
+            publisher.sock.recv()  # the subscription
+            started = time.monotonic()
+            for _ in range(count):
+                publisher.publish(make())
+            received, _, last = conn.recv()
     finally:
         publisher.shutdown()
+    return _rates(count, received, started, last)
 
 
-def run_threaded_tskv(events: list[KVEvent], count: int, decode: bool) -> dict[str, Any]:
-    """tskv's drop-in ZmqEventPublisher, for its scheduler-side cost."""
-    publisher = tskv.ZmqEventPublisher(0, endpoint=LOOPBACK, hwm=0)
-
-    def wait_subscribed() -> None:
-        deadline = time.monotonic() + 20
-        while publisher.statistics().subscriptions < 1 and time.monotonic() < deadline:
-            time.sleep(0.001)  # a plain thread: poll the publisher's own count
-
-    try:
-        return _run_sync_publisher(
-            publisher.endpoint,
-            wait_subscribed,
-            publisher.publish,
-            lambda: KVEventBatch(time.time(), events, 0),
-            count,
-            decode,
-        )
-    finally:
-        publisher.shutdown()
-
-
-def _rates(
-    count: int, received: int, started: float, last: float, latencies: list[float]
-) -> dict[str, Any]:
-    elapsed = max(last - started, 1e-9)
-    result: dict[str, Any] = {"batches_per_s": received / elapsed, "received": received}
-    if received < count:
-        result["missing"] = count - received
-    if latencies:
-        result["latencies"] = latencies
-    return result
-
-
-# -- repetitions and reporting ---------------------------------------------------------------
-
-
-def median_spread(values: list[float]) -> tuple[float, float, float]:
-    return statistics.median(values), min(values), max(values)
-
-
-def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
-    if any(math.isnan(value) for value in values):
-        return "n/a (needs msgspec)"
-    mid, low, high = median_spread([v * scale for v in values])
-    return f"{mid:,.{digits}f}{unit} ({low:,.{digits}f}..{high:,.{digits}f})"
-
-
-def repeat(runs: Mapping[str, Callable[[], dict[str, Any]]], reps: int) -> dict[str, list[Any]]:
-    """Run each contender `reps` times, alternating, so drift hits all of them alike."""
-    results: dict[str, list[Any]] = {name: [] for name in runs}
-    for _ in range(reps):
-        for name, run in runs.items():
-            gc.collect()
-            results[name].append(run())
+def capacity(reps: int) -> dict[str, dict[str, list[float]]]:
+    """Batches a second each publisher sustains with new events every round."""
+    results: dict[str, dict[str, list[float]]] = {}
+    for shape in SHAPES:
+        count = ROUNDS[shape]
+        runs: dict[str, Callable[[], Row]] = {
+            "baseline": partial(run_baseline, shape, count),
+            "tskv Trio": partial(run_tskv, shape, count),
+            "tskv threaded": partial(run_threaded_tskv, shape, count),
+            "baseline from scheduler objects": partial(
+                run_baseline, shape, count, "TokenSpeed from scheduler objects"
+            ),
+            "tskv Trio from scheduler objects": partial(
+                run_tskv, shape, count, "tskv from scheduler objects"
+            ),
+        }
+        results[shape] = {name: [] for name in runs}
+        for _ in range(reps):  # alternating, so drift hits all of them alike
+            for name, run in runs.items():
+                gc.collect()
+                results[shape][name].append(run()["batches_per_s"])
     return results
 
 
-def _set_codec(name: str) -> None:
-    codec_module._ACTIVE = codec_module.available_codecs()[name]
-
-
-def throughput_table(
-    reps: int, decode: bool, codecs: list[str], out: Callable[[str], None]
-) -> None:
-    title = (
-        "End-to-end, decoding subscriber" if decode else "Publisher capacity, counting subscriber"
-    )
-    out(f"\n## {title} (batches/s, median (min..max) of {reps}; ratios of medians)\n")
-    header = "| shape | ceiling | baseline (threaded, msgspec) |"
-    rule = "|---|---|---|"
-    for name in codecs:
-        header += f" tskv ({name}) | × ceiling | × baseline |"
-        rule += "---|---|---|"
-    out(header)
-    out(rule)
-    for shape_name, count in ROUNDS.items():
-        events = shape(shape_name)
-        runs: dict[str, Callable[[], dict[str, Any]]] = {
-            "ceiling": functools.partial(run_ceiling, events, count, decode),
-            "baseline": functools.partial(run_baseline, events, count, decode),
-        }
-        for name in codecs:
-            runs[name] = functools.partial(run_tskv, events, count, decode, name)
-        results = repeat(runs, reps)
-        rates = {k: [r["batches_per_s"] for r in v] for k, v in results.items()}
-        ceiling = statistics.median(rates["ceiling"])
-        baseline = statistics.median(rates["baseline"])
-        row = f"| {shape_name} ({len(events)} events) | {fmt(rates['ceiling'])} | "
-        row += f"{fmt(rates['baseline'])} |"
-        for name in codecs:
-            mid = statistics.median(rates[name])
-            row += f" {fmt(rates[name])} | {mid / ceiling:.2f} | {mid / baseline:.2f} |"
-        out(row)
-        lost = {k: sum(r.get("missing", 0) for r in v) for k, v in results.items()}
-        if any(lost.values()):
-            out(f"|   (batches not received: {lost}) |")
-
-
-def encode_table(out: Callable[[str], None]) -> None:
-    out("\n## Encode cost (µs per batch, median of 5 timings)\n")
-    out("| shape | msgspec | msgpack | msgpack.packb on plain lists | packb share of msgpack |")
-    out("|---|---|---|---|---|")
-    codecs = codec_module.available_codecs()
-    for shape_name in ROUNDS:
-        batch = KVEventBatch(time.time(), shape(shape_name), 0)
-        plain = [
-            batch.ts,
-            [[p[0], list(p[1]), p[2], list(p[3]), p[4]] for p in codec_module.to_plain(batch)[1]],
-            0,
-        ]
-        n = {"small": 5000, "large": 300, "huge": 100}[shape_name]
-        timings = {
-            name: _time_per_call(functools.partial(c.encode_batch, batch), n)
-            for name, c in codecs.items()
-        }
-        packb = _time_per_call(functools.partial(msgpack.packb, plain), n)
-        share = packb / timings["msgpack"]
-        out(
-            f"| {shape_name} | {timings.get('msgspec', float('nan')):.1f} | "
-            f"{timings['msgpack']:.1f} | {packb:.1f} | {share:.0%} |"
-        )
-
-
-def _time_per_call(fn: Callable[[], object], n: int) -> float:
-    samples = []
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - started) / n * 1e6)
-    return statistics.median(samples)
-
-
-def scheduler_cost_table(reps: int, codecs: list[str], out: Callable[[str], None]) -> None:
-    out("\n## Scheduler-side cost (µs inside publish() per round, median (min..max))\n")
-    out("| shape | Trio publish() | threaded ZmqEventPublisher.publish() | baseline publish() |")
-    out("|---|---|---|---|")
-    for shape_name in ("small", "large"):
-        events = shape(shape_name)
-        count = ROUNDS[shape_name] // 4
-        for name in codecs:
-            _set_codec(name)
-            runs = {
-                "trio": functools.partial(run_tskv, events, count, False, name),
-                "threaded": functools.partial(run_threaded_tskv, events, count, False),
-                "baseline": functools.partial(run_baseline, events, count, False),
-            }
-            results = repeat(runs, reps)
-            cost = {k: [r["publish_us"] for r in v] for k, v in results.items()}
-            out(
-                f"| {shape_name}, {name} | {fmt(cost['trio'], digits=1)} | "
-                f"{fmt(cost['threaded'], digits=1)} | {fmt(cost['baseline'], digits=1)} |"
-            )
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-def latency_table(out: Callable[[str], None]) -> None:
-    out("\n## Latency, publish() to decoded at the subscriber, 1,000 rounds/s (small rounds)\n")
-    out("| condition | p50 | p99 | max | batches | replayed meanwhile |")
-    out("|---|---|---|---|---|---|")
-    for replaying in (False, True):
-        latencies, replayed = _paced_latencies(replaying)
-        p50, p99 = _percentile(latencies, 0.5) * 1e3, _percentile(latencies, 0.99) * 1e3
-        label = "while 10,000-batch replays are served" if replaying else "steady"
-        out(
-            f"| {label} | {p50:.2f} ms | {p99:.2f} ms | {max(latencies) * 1e3:.2f} ms "
-            f"| {len(latencies)} | {replayed:,} |"
-        )
+# -- latency, shutdown, memory ----------------------------------------------------------------
 
 
 def _replay_client(endpoint: str, conn: Connection) -> None:
@@ -452,10 +439,22 @@ def _replay_client(endpoint: str, conn: Connection) -> None:
     sock.close(linger=0)
 
 
-def _paced_latencies(replaying: bool) -> tuple[list[float], int]:
+def _latency_subscriber(endpoint: str, count: int, conn: Connection) -> None:
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    conn.send("connected")
+    latencies = []
+    for _ in range(count):
+        payload = sock.recv_multipart()[2]
+        latencies.append(time.time() - tskv.decode_batch(payload).ts)
+    conn.send(latencies)
+    sock.close(linger=0)
+
+
+def paced_latencies(replaying: bool, count: int = 3000) -> tuple[list[float], int]:
     """Live latencies at 1,000 rounds/s, and how many batches a replay client took meanwhile."""
-    events = shape("small")
-    count = 3000
+    make = round_makers("small")["tskv"]
     latencies: list[float] = []
     replayed = 0
 
@@ -465,45 +464,35 @@ def _paced_latencies(replaying: bool) -> tuple[list[float], int]:
         async with open_publisher(config) as publisher:
             if replaying:
                 for _ in range(10_000):
-                    await publisher.publish(events)
-            with subscriber_process(publisher.endpoint, count, True) as conn:
+                    await publisher.publish(make())
+            assert publisher.replay_endpoint is not None
+            with (
+                child(_latency_subscriber, publisher.endpoint, count) as conn,
+                child(_replay_client, publisher.replay_endpoint) as replay_conn,
+            ):
+                await trio.to_thread.run_sync(conn.recv)
                 await publisher.wait_for_subscriber()
                 if replaying:
-                    context = multiprocessing.get_context("spawn")
-                    replay_conn, child = context.Pipe()
-                    assert publisher.replay_endpoint is not None
-                    client = context.Process(
-                        target=_replay_client, args=(publisher.replay_endpoint, child)
-                    )
-                    client.start()
                     await trio.to_thread.run_sync(replay_conn.recv)
                 next_round = trio.current_time()
                 for _ in range(count):
-                    await publisher.publish(events)
+                    await publisher.publish(make())
                     next_round += 0.001
                     await trio.sleep_until(next_round)
-                latencies.extend((await trio.to_thread.run_sync(conn.recv))[3])
+                latencies.extend(await trio.to_thread.run_sync(conn.recv))
                 if replaying:
                     replay_conn.send("stop")
                     replayed = await trio.to_thread.run_sync(replay_conn.recv)
-                    client.join()
+                else:
+                    replay_conn.send("stop")
+                    await trio.to_thread.run_sync(replay_conn.recv)
 
     trio.run(main)
     return latencies, replayed
 
 
-def shutdown_table(out: Callable[[str], None]) -> None:
-    out("\n## Shutdown (time to leave `open_publisher`, median (min..max) of 5)\n")
-    out("| condition | time |")
-    out("|---|---|")
-    for full in (False, True):
-        samples = [_shutdown_time(full) for _ in range(5)]
-        label = "full queue (100,000 small batches), no subscriber" if full else "empty queue"
-        out(f"| {label} | {fmt(samples, ' ms', 1e3, 1)} |")
-
-
-def _shutdown_time(full: bool) -> float:
-    events = shape("small")
+def shutdown_time(full: bool) -> float:
+    make = round_makers("small")["tskv"]
     elapsed = 0.0
 
     async def main() -> None:
@@ -511,7 +500,8 @@ def _shutdown_time(full: bool) -> float:
         config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
         async with open_publisher(config) as publisher:
             if full:
-                payload = tskv.encode_batch(KVEventBatch(time.time(), events, 0))
+                payload = encode_round(time.time(), make(), 0)
+                assert payload is not None
                 for _ in range(config.max_queue_size):  # fill without a checkpoint
                     publisher.publish_encoded_nowait(payload)
             else:
@@ -528,90 +518,231 @@ def _rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _memory_growth(conn: Connection) -> None:
+def _buffer_growth(conn: Connection) -> None:
     """In a fresh process (so earlier runs' freed memory cannot hide the growth)."""
-    grown: list[int] = []
+    make = round_makers("small")["tskv"]
 
-    async def main() -> None:
+    async def main() -> int:
         config = KVEventsConfig(endpoint=LOOPBACK, buffer_steps=10_000)
-        events = shape("small")
         async with open_publisher(config) as publisher:
             for _ in range(100):
-                await publisher.publish(events)
+                await publisher.publish(make())
             await trio.testing.wait_all_tasks_blocked()
             gc.collect()
             before = _rss()
             for _ in range(10_000):
-                await publisher.publish(events)
+                await publisher.publish(make())
             await trio.testing.wait_all_tasks_blocked()
             gc.collect()
-            grown.append(_rss() - before)
+            return _rss() - before
 
-    trio.run(main)
-    conn.send(grown[0])
+    conn.send(trio.run(main))
 
 
-def memory_table(out: Callable[[str], None]) -> None:
-    out("\n## Memory (resident growth as the replay buffer fills with small batches)\n")
-    context = multiprocessing.get_context("spawn")
-    samples = []
-    for _ in range(3):
-        parent, child = context.Pipe()
-        process = context.Process(target=_memory_growth, args=(child,))
-        process.start()
-        samples.append(parent.recv())
-        process.join()
-    payload = len(tskv.encode_batch(KVEventBatch(time.time(), shape("small"), 0)))
-    out(f"- RSS growth per 10,000 buffered small batches: {fmt(samples, ' MiB', 2**-20, 1)}")
-    out(f"- the payloads themselves: {payload * 10_000 / 2**20:.1f} MiB ({payload} bytes each)")
+def _idle_replay_clients(clients: int, conn: Connection) -> None:
+    """Publisher growth while `clients` replay clients each ask for the whole buffer and never
+    read a reply (in a fresh process)."""
+    make = round_makers("small")["tskv"]
+
+    async def main() -> int:
+        config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=10_000)
+        async with open_publisher(config) as publisher:
+            for _ in range(10_000):
+                await publisher.publish(make())
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            before = _rss()
+            assert publisher.replay_endpoint is not None
+            sockets: list[zmq.Socket[bytes]] = []
+            for _ in range(clients):
+                dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+                dealer.setsockopt(zmq.RCVHWM, 1)
+                dealer.setsockopt(zmq.RCVBUF, 4096)
+                dealer.connect(publisher.replay_endpoint)
+                dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+                sockets.append(dealer)
+            await trio.sleep(3)  # every replay has filled its pipe, then stalled
+            grown = _rss() - before
+            for dealer in sockets:
+                dealer.close(linger=0)
+            return grown
+
+    conn.send(trio.run(main))
+
+
+def in_fresh_process(target: Callable[..., None], *args: Any) -> Any:
+    with child(target, *args) as conn:
+        return conn.recv()
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+
+def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
+    if any(math.isnan(value) for value in values):
+        return "n/a (needs msgspec)"
+    scaled = [v * scale for v in values]
+    mid = statistics.median(scaled)
+    return f"{mid:,.{digits}f}{unit} ({min(scaled):,.{digits}f}..{max(scaled):,.{digits}f})"
+
+
+def child_figures(sections: list[str]) -> dict[str, Any]:
+    """The same sections measured without msgspec, in a process that never imports it."""
+    env = {**os.environ, "TSKV_CODEC": "msgpack"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tskv.bench", "--json", *[f"--only={s}" for s in sections]],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    figures: dict[str, Any] = json.loads(done.stdout)
+    return figures
+
+
+def measure(sections: list[str], reps: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    if "build" in sections:
+        figures["build"] = build_encode_costs()
+    if "decode" in sections:
+        figures["decode"] = decode_costs()
+    if "subscriber" in sections:
+        figures["subscriber"] = {
+            shape: {
+                name: [subscriber_rates(shape, count // 2)[name] for _ in range(reps)]
+                for name in subscriber_rates(shape, 100)
+            }
+            for shape, count in ROUNDS.items()
+        }
+    if "capacity" in sections:
+        figures["capacity"] = capacity(reps)
+    return figures
+
+
+def report(figures: dict[str, Any], plain: dict[str, Any], out: Callable[[str], None]) -> None:
+    if "build" in figures:
+        out("\n## Build + encode a round with new events (µs per round, median of 5 timings)\n")
+        out("| shape | TokenSpeed Structs | tskv | × TokenSpeed | tskv strict | tskv, no msgspec |")
+        out("|---|---|---|---|---|---|")
+        for shape, row in figures["build"].items():
+            base = row.get("TokenSpeed Structs", math.nan)
+            nomsgspec = plain.get("build", {}).get(shape, {}).get("tskv", math.nan)
+            out(
+                f"| {shape} | {base:.1f} | {row['tskv']:.1f} | {row['tskv'] / base:.2f} | "
+                f"{row['tskv, strict']:.1f} | {nomsgspec:.1f} |"
+            )
+        out("\nFrom the scheduler's own event objects (`scheduler_kv_event_to_wire_event`):\n")
+        out("| shape | TokenSpeed from scheduler objects | tskv from scheduler objects | × |")
+        out("|---|---|---|---|")
+        for shape, row in figures["build"].items():
+            base = row.get("TokenSpeed from scheduler objects", math.nan)
+            ours = row["tskv from scheduler objects"]
+            out(f"| {shape} | {base:.1f} | {ours:.1f} | {ours / base:.2f} |")
+    if "decode" in figures:
+        out("\n## Decode a batch (µs per batch, median of 5 timings)\n")
+        out("| shape | msgspec typed (TokenSpeed Structs) | tskv | × msgspec | tskv, no msgspec |")
+        out("|---|---|---|---|---|")
+        for shape, row in figures["decode"].items():
+            base = row.get("msgspec typed", math.nan)
+            nomsgspec = plain.get("decode", {}).get(shape, {}).get("tskv", math.nan)
+            out(
+                f"| {shape} | {base:.1f} | {row['tskv']:.1f} | {row['tskv'] / base:.2f} | "
+                f"{nomsgspec:.1f} |"
+            )
+    if "subscriber" in figures:
+        out("\n## A router decoding every batch (batches/s, median (min..max))\n")
+        out("| shape | bare pyzmq SUB + msgspec typed decode | open_subscriber | × bare |")
+        out("|---|---|---|---|")
+        for shape, row in figures["subscriber"].items():
+            base = row.get("bare pyzmq + msgspec", [math.nan])
+            ours = row["open_subscriber"]
+            ratio = statistics.median(ours) / statistics.median(base)
+            out(f"| {shape} | {fmt(base)} | {fmt(ours)} | {ratio:.2f} |")
+    if "capacity" in figures:
+        out("\n## Publisher capacity, new events every round (batches/s, median (min..max))\n")
+        names = list(next(iter(figures["capacity"].values())))
+        out("| shape | " + " | ".join(names) + " | Trio × baseline | tskv, no msgspec |")
+        out("|---|" + "---|" * (len(names) + 2))
+        for shape, row in figures["capacity"].items():
+            ratio = statistics.median(row["tskv Trio"]) / statistics.median(row["baseline"])
+            nomsgspec = plain.get("capacity", {}).get(shape, {}).get("tskv Trio", [math.nan])
+            cells = " | ".join(fmt(row[name]) for name in names)
+            out(f"| {shape} | {cells} | {ratio:.2f} | {fmt(nomsgspec)} |")
+
+
+def latency_section(out: Callable[[str], None]) -> None:
+    out("\n## Latency, publish() to decoded at the subscriber, 1,000 rounds/s (small rounds)\n")
+    out("| condition | p50 | p99 | max | batches | replayed meanwhile |")
+    out("|---|---|---|---|---|---|")
+    for replaying in (False, True):
+        latencies, replayed = paced_latencies(replaying)
+        ordered = sorted(latencies)
+        p50 = ordered[len(ordered) // 2] * 1e3
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3
+        label = "while 10,000-batch replays are served" if replaying else "steady"
+        out(
+            f"| {label} | {p50:.2f} ms | {p99:.2f} ms | {ordered[-1] * 1e3:.2f} ms "
+            f"| {len(latencies)} | {replayed:,} |"
+        )
+
+
+def shutdown_section(out: Callable[[str], None]) -> None:
+    out("\n## Shutdown (time to leave `open_publisher`, median (min..max) of 5)\n")
+    out("| condition | time |")
+    out("|---|---|")
+    for full in (False, True):
+        samples = [shutdown_time(full) for _ in range(5)]
+        label = "full queue (100,000 small batches), no subscriber" if full else "empty queue"
+        out(f"| {label} | {fmt(samples, ' ms', 1e3, 1)} |")
+
+
+def memory_section(out: Callable[[str], None]) -> None:
+    out("\n## Memory (resident growth, each measured in a fresh process)\n")
+    samples = [in_fresh_process(_buffer_growth) for _ in range(3)]
+    payload = encode_round(time.time(), round_makers("small")["tskv"](), 0)
+    assert payload is not None
+    out(f"- per 10,000 buffered small batches: {fmt(samples, ' MiB', 2**-20, 1)}")
+    size = len(payload)
+    out(f"- the payloads themselves: {size * 10_000 / 2**20:.1f} MiB ({size} B each)")
+    idle = [in_fresh_process(_idle_replay_clients, 50) for _ in range(3)]
+    grown = fmt(idle, " MiB", 2**-20, 1)
+    out(f"- 50 replay clients asking for 10,000 batches, never reading: {grown}")
+
+
+SECTIONS = ["build", "decode", "subscriber", "capacity", "latency", "shutdown", "memory"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tskv.bench", description=__doc__)
     parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (3)")
-    parser.add_argument(
-        "--only",
-        choices=["throughput", "capacity", "encode", "cost", "latency", "shutdown", "memory"],
-        action="append",
-        help="run only these sections",
-    )
+    parser.add_argument("--only", choices=SECTIONS, action="append", help="only these sections")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for the child
     args = parser.parse_args(argv)
-    sections = args.only or [
-        "throughput",
-        "capacity",
-        "encode",
-        "cost",
-        "latency",
-        "shutdown",
-        "memory",
-    ]
-    codecs = sorted(codec_module.available_codecs(), reverse=True)  # msgspec first
-    lines: list[str] = []
+    sections = args.only or SECTIONS
+    if args.json:
+        print(json.dumps(measure(sections, args.reps)))
+        return 0
 
     def out(line: str) -> None:
         print(line, flush=True)
-        lines.append(line)
 
+    encoders = "msgspec and msgpack" if msgspec is not None else "msgpack only"
     out(f"# tskv {tskv.__version__} benchmark, {time.strftime('%Y-%m-%d %H:%M')}")
     out(
         f"\n{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"pyzmq {zmq.pyzmq_version()} (libzmq {zmq.zmq_version()}), encoders: {', '.join(codecs)}"
+        f"pyzmq {zmq.pyzmq_version()} (libzmq {zmq.zmq_version()}), encoders: {encoders}"
     )
     started = time.monotonic()
-    if "throughput" in sections:
-        throughput_table(args.reps, True, codecs, out)
-    if "capacity" in sections:
-        throughput_table(args.reps, False, codecs, out)
-    if "encode" in sections:
-        encode_table(out)
-    if "cost" in sections:
-        scheduler_cost_table(args.reps, codecs, out)
+    measured = measure(sections, args.reps)
+    comparable = [s for s in ("build", "decode", "capacity") if s in sections]
+    plain = child_figures(comparable) if msgspec is not None and comparable else {}
+    report(measured, plain, out)
     if "latency" in sections:
-        latency_table(out)
+        latency_section(out)
     if "shutdown" in sections:
-        shutdown_table(out)
+        shutdown_section(out)
     if "memory" in sections:
-        memory_table(out)
+        memory_section(out)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")
     return 0
 

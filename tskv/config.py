@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from tskv._checks import int_at_least, number_at_least
+from tskv.codec import WIRE_FORMATS, WireFormat
 from tskv.endpoints import check_endpoint
 
 logger = logging.getLogger("tskv")
@@ -54,6 +55,12 @@ def _number(lowest: float, above: bool = False) -> Validator:
     return check
 
 
+def _check_wire_format(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in WIRE_FORMATS:
+        choices = " or ".join(f'"{name}"' for name in WIRE_FORMATS)
+        raise ConfigError(f"wire_format = {value!r}: use {choices}")
+
+
 def _optional_path(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"{attribute.name} = {value!r}: must be a file path (a string) or null")
@@ -83,7 +90,10 @@ class KVEventsConfig:
     max_queue_size: int = attrs.field(default=100_000, validator=_integer(1))
     topic: str = attrs.field(default="", validator=_of_type(str))
     enable_kv_cache_events: bool = attrs.field(default=False, validator=_of_type(bool))
-    # tskv's own keys (other engines ignore them): encryption, replay limits, timeouts.
+    # tskv's own keys (other engines ignore them): the wire, checks, encryption, replay limits,
+    # timeouts.
+    wire_format: WireFormat = attrs.field(default="tokenspeed", validator=_check_wire_format)
+    strict: bool = attrs.field(default=False, validator=_of_type(bool))
     curve_secret_key: str | None = attrs.field(default=None, validator=_optional_path)
     curve_clients: str | None = attrs.field(default=None, validator=_optional_path)
     curve_allow_any_client: bool = attrs.field(default=False, validator=_of_type(bool))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TextIO
 
@@ -102,7 +102,7 @@ class CacheView:
         self.batches = 0
         self.changed = trio.lowlevel.ParkingLot()
 
-    def apply(self, seq: int, events: tuple[KVEvent, ...]) -> None:
+    def apply(self, seq: int, events: Sequence[KVEvent]) -> None:
         for event in events:
             if isinstance(event, BlockStored):
                 self.blocks.update(event.block_hashes)

@@ -6,9 +6,10 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, event_fields
 from tskv.sequencer import Loss, LossReason
 from tskv.subscriber import Subscriber, open_subscriber
 
@@ -18,7 +19,7 @@ def short_hash(value: int) -> str:
     return f"{value & 0xFFFF_FFFF:08x}"
 
 
-def _hash_range(hashes: tuple[int, ...]) -> str:
+def _hash_range(hashes: Sequence[int]) -> str:
     if not hashes:
         return "[]"
     if len(hashes) == 1:
@@ -29,10 +30,37 @@ def _hash_range(hashes: tuple[int, ...]) -> str:
 def _describe(event: KVEvent) -> str:
     if isinstance(event, BlockStored):
         parent = "-" if event.parent_block_hash is None else short_hash(event.parent_block_hash)
-        return f"+{len(event.block_hashes)}{_hash_range(event.block_hashes)}<{parent}"
-    if isinstance(event, BlockRemoved):
-        return f"-{len(event.block_hashes)}{_hash_range(event.block_hashes)}"
-    return "clear"
+        text = f"+{len(event.block_hashes)}{_hash_range(event.block_hashes)}<{parent}"
+    elif isinstance(event, BlockRemoved):
+        text = f"-{len(event.block_hashes)}{_hash_range(event.block_hashes)}"
+    else:
+        return "clear"
+    return text + _annotations(event)
+
+
+def _annotations(event: BlockStored | BlockRemoved) -> str:
+    """The optional fields that are set, short: `@CPU` (tier), `g1` (group), `~LOCAL`,
+    `lora=NAME` (or the id), `sw=4096/KIND`, `+keys`."""
+    marks = []
+    if event.medium is not None:
+        marks.append(f"@{event.medium}")
+    if event.group_idx is not None:
+        marks.append(f"g{event.group_idx}")
+    if event.locality is not None:
+        marks.append(f"~{event.locality}")
+    if isinstance(event, BlockStored):
+        if event.lora_name is not None or event.lora_id is not None:
+            marks.append(
+                f"lora={event.lora_name if event.lora_name is not None else event.lora_id}"
+            )
+        if event.kv_cache_spec_kind is not None or event.kv_cache_spec_sliding_window is not None:
+            window = event.kv_cache_spec_sliding_window
+            marks.append(
+                f"spec={event.kv_cache_spec_kind or ''}{'' if window is None else f'/{window}'}"
+            )
+        if event.extra_keys is not None:
+            marks.append("+keys")
+    return "".join(f" {mark}" for mark in marks)
 
 
 def format_batch(seq: int, batch: KVEventBatch, max_events: int = 4) -> str:
@@ -51,18 +79,7 @@ def format_batch(seq: int, batch: KVEventBatch, max_events: int = 4) -> str:
 
 
 def _event_json(event: KVEvent) -> dict[str, Any]:
-    if isinstance(event, BlockStored):
-        return {
-            "type": "BlockStored",
-            "block_hashes": list(event.block_hashes),
-            "parent_block_hash": event.parent_block_hash,
-            "token_ids": list(event.token_ids),
-            "block_size": event.block_size,
-        }
-    if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes)}
-    assert isinstance(event, AllBlocksCleared)
-    return {"type": "AllBlocksCleared"}
+    return {"type": type(event).__name__, **event_fields(event)}
 
 
 def batch_json(seq: int, batch: KVEventBatch) -> str:

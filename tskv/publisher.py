@@ -29,7 +29,7 @@ from tskv._constructor import NoPublicConstructor
 from tskv._monitor import SocketMonitor
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, open_socket
-from tskv.codec import codec_name, encode_round
+from tskv.codec import DroppedFields, codec_name, encode_round
 from tskv.config import KVEventsConfig
 from tskv.endpoints import offset_endpoint_port, should_bind
 from tskv.events import KVEvent
@@ -82,6 +82,7 @@ class PublisherStatistics:
     clients_refused: int  # by the CURVE allow list
     handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
     handshake_failures: int  # connections whose handshake failed: a wrong key, clear text
+    events_with_dropped_fields: int  # optional fields the tokenspeed wire has no slot for
 
 
 class Publisher(metaclass=NoPublicConstructor):
@@ -110,6 +111,7 @@ class Publisher(metaclass=NoPublicConstructor):
         self._zap = zap
         self._on_dequeue = on_dequeue  # the threaded facade counts its slots with it
         self._topic = config.topic.encode()
+        self._dropped = DroppedFields()
         self._send, self._receive = trio.open_memory_channel[bytes](config.max_queue_size)
         self._invalid_log = LogLimiter()
         self._refusal_log = LogLimiter()
@@ -127,7 +129,15 @@ class Publisher(metaclass=NoPublicConstructor):
     # -- the scheduler's side ---------------------------------------------------------------
 
     def _encode(self, events: Iterable[KVEvent]) -> bytes | None:
-        return encode_round(time.time(), events, self.dp_rank)
+        config = self.config
+        return encode_round(
+            time.time(),
+            events,
+            self.dp_rank,
+            config.wire_format,
+            strict=config.strict,
+            dropped=self._dropped,
+        )
 
     @trio.lowlevel.enable_ki_protection  # a batch is either accepted or not, never half
     async def publish(self, events: Iterable[KVEvent]) -> None:
@@ -210,6 +220,7 @@ class Publisher(metaclass=NoPublicConstructor):
             clients_refused=0 if self._zap is None else self._zap.refused,
             handshakes=sum(monitor.handshakes for monitor in self._monitors),
             handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
+            events_with_dropped_fields=self._dropped.events,
         )
 
     async def wait_for_subscriber(self, count: int = 1) -> None:
@@ -479,7 +490,9 @@ async def open_publisher(
                 monitored,
             )
             cleanup.callback(router.close)
-            server = ReplayServer(buffer, config, None, trio.current_time)
+            # vLLM's replies carry the topic frame; TokenSpeed's do not.
+            reply_topic = config.topic.encode() if config.wire_format == "vllm" else None
+            server = ReplayServer(buffer, config, reply_topic, trio.current_time)
             replay = (router, replay_address, server)
         if security is None:
             exposed = [address] + ([replay[1]] if replay else [])

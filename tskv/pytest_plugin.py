@@ -42,7 +42,7 @@ def _stream_options(request: pytest.FixtureRequest) -> dict[str, Any]:
 @pytest.fixture
 async def tskv_publisher() -> AsyncIterator[Publisher]:
     """A tskv publisher on loopback, with replay, ports chosen by the OS (Trio tests)."""
-    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, strict=True)
     async with open_publisher(config) as publisher:
         yield publisher
 
@@ -50,7 +50,7 @@ async def tskv_publisher() -> AsyncIterator[Publisher]:
 @pytest.fixture
 def tskv_publisher_sync() -> Iterator[ZmqEventPublisher]:
     """The threaded tskv publisher on loopback, with replay (sync tests)."""
-    publisher = ZmqEventPublisher(0, endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    publisher = ZmqEventPublisher(0, endpoint=LOOPBACK, replay_endpoint=LOOPBACK, strict=True)
     try:
         yield publisher
     finally:

@@ -4,18 +4,60 @@ from __future__ import annotations
 
 from typing import Any
 
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tskv.events import (
+    REMOVED_OPTIONAL,
+    STORED_OPTIONAL,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
+
+_PER_INSTANCE = ("__dict__",)  # marks a class whose instances carry attributes of their own
+_CARRIES: dict[str, dict[type, tuple[str, ...]]] = {"BlockStored": {}, "BlockRemoved": {}}
+
+
+def _carried(event: Any, kind: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Which optional fields (medium, LoRA, ...) a native event's class carries: looked at
+    once per class, so classes without any cost nothing per event."""
+    known = _CARRIES[kind]
+    carried = known.get(type(event))
+    if carried is None:
+        if hasattr(event, "__dict__"):
+            carried = _PER_INSTANCE
+        else:
+            carried = tuple(name for name in names if hasattr(event, name))
+        known[type(event)] = carried
+    return carried
+
+
+def _optional(event: Any, carried: tuple[str, ...], names: tuple[str, ...]) -> dict[str, Any]:
+    if carried is _PER_INSTANCE:
+        return {name: event.__dict__[name] for name in names if name in event.__dict__}
+    return {name: getattr(event, name) for name in carried}
 
 
 def scheduler_kv_event_to_wire_event(event: Any) -> KVEvent:
     """Translate by `kind`, never by shape: a new kind must fail loudly, not pass as another."""
     kind = getattr(event, "kind", None)
     if kind == "BlockStored":
+        carried = _carried(event, kind, STORED_OPTIONAL)
+        if not carried:
+            return BlockStored(
+                event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+            )
         return BlockStored(
-            event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+            event.block_hashes,
+            event.parent_block_hash,
+            event.token_ids,
+            event.block_size,
+            **_optional(event, carried, STORED_OPTIONAL),
         )
     if kind == "BlockRemoved":
-        return BlockRemoved(event.block_hashes)
+        carried = _carried(event, kind, REMOVED_OPTIONAL)
+        if not carried:
+            return BlockRemoved(event.block_hashes)
+        return BlockRemoved(event.block_hashes, **_optional(event, carried, REMOVED_OPTIONAL))
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
     raise TypeError(

@@ -27,7 +27,7 @@ from tskv import frames
 from tskv._background import background_tasks
 from tskv._trio_thread import TrioThread
 from tskv._trio_zmq import TrioSocket, open_socket
-from tskv.codec import encode_batch
+from tskv.codec import WireFormat, encode_batch
 from tskv.config import KVEventsConfig
 from tskv.events import KVEvent, KVEventBatch
 from tskv.publisher import Publisher, open_publisher
@@ -35,21 +35,23 @@ from tskv.sim import Simulator, Workload, run_round
 
 LOOPBACK = "tcp://127.0.0.1:*"
 CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
-ReplayLayout = Literal["tokenspeed", "vllm"]
+ReplayLayout = WireFormat
 ReplayMode = Literal["answer", "never", "refuse"]
 
 
 class ScriptedPublisher:
     """A publisher that does exactly what the test says, on real loopback sockets.
 
-    Settings (change them at any time): `replay_mode` ("answer", "never", or "refuse": end
-    every request at once with a refusal, as a publisher over its replay limits does),
-    `replay_delay` (seconds before each answer starts), `replay_layout` ("tokenspeed":
-    `["", seq, payload]`, or "vllm": `["", topic, seq, payload]`), `rank` (put in each batch).
-    `replay_requests` lists the start seqs asked for.
+    Settings (change them at any time): `wire_format` ("tokenspeed" or "vllm": how payloads
+    are encoded and replies laid out), `replay_mode` ("answer", "never", or "refuse": end every
+    request at once with a refusal, as a publisher over its replay limits does), `replay_delay`
+    (seconds before each answer starts), `replay_layout` (None: as `wire_format`; or
+    "tokenspeed": `["", seq, payload]`, "vllm": `["", topic, seq, payload]`, to mix the two),
+    `rank` (put in each batch). `replay_requests` lists the start seqs asked for. Every event
+    is checked in full when it is encoded (strict mode).
     """
 
-    SETTINGS = ("replay_mode", "replay_delay", "replay_layout", "rank")
+    SETTINGS = ("wire_format", "replay_mode", "replay_delay", "replay_layout", "rank")
 
     def __init__(self, pub: TrioSocket, endpoint: str, topic: str, rank: int) -> None:
         self.endpoint = endpoint
@@ -60,13 +62,15 @@ class ScriptedPublisher:
         self.buffer: dict[int, bytes] = {}  # what replay can give back, by seq
         self.replay_mode: ReplayMode = "answer"
         self.replay_delay = 0.0
-        self.replay_layout: ReplayLayout = "tokenspeed"
+        self.wire_format: WireFormat = "tokenspeed"
+        self.replay_layout: ReplayLayout | None = None
         self.replay_requests: list[int] = []
         self._pub = pub
         self._subscriptions = 0
 
     def payload(self, events: Iterable[KVEvent], ts: float = 1.0) -> bytes:
-        return encode_batch(KVEventBatch(ts, events, self.rank))
+        batch = KVEventBatch(ts, list(events), self.rank)
+        return encode_batch(batch, self.wire_format, strict=True)
 
     async def wait_for_subscriber(self) -> None:
         """Wait until a subscription for this topic has arrived (the slow-joiner problem)."""
@@ -130,7 +134,8 @@ class ScriptedPublisher:
             if self.replay_mode == "never":
                 continue
             await trio.sleep(self.replay_delay)
-            topic = self.topic.encode() if self.replay_layout == "vllm" else None
+            layout = self.replay_layout or self.wire_format
+            topic = self.topic.encode() if layout == "vllm" else None
             if self.replay_mode == "refuse":
                 replies = [frames.replay_end(client, topic, "refused by the test's script")]
             else:
@@ -236,6 +241,7 @@ async def open_simulated_stream(
             replay_endpoint=LOOPBACK,
             topic=topic,
             buffer_steps=max(len(batches), 1),
+            strict=True,
         )
     async with open_publisher(config) as publisher:
         yield SimulatedStream(publisher, batches, final)

@@ -21,7 +21,7 @@ import trio
 import zmq
 
 from tskv._trio_thread import TrioThread
-from tskv.codec import encode_batch
+from tskv.codec import DroppedFields, encode_batch
 from tskv.config import ConfigError, KVEventsConfig, field_names
 from tskv.events import KVEventBatch
 from tskv.publisher import Publisher, PublisherClosedError, PublisherStatistics, open_publisher
@@ -90,6 +90,7 @@ class ZmqEventPublisher:
         self._handoff: deque[bytes] = deque()
         self._handoff_scheduled = False
         self._lost_in_handoff = 0  # handed over as the publisher died: counted unsent
+        self._dropped = DroppedFields()
         self._closed = False
         self._loop = TrioThread(
             self._open, f"tskv-publisher-{attn_dp_rank}", on_failure=self._loop_failed
@@ -146,6 +147,7 @@ class ZmqEventPublisher:
         unsent = self._lost_in_handoff + (handed if ended else 0)
         return attrs.evolve(
             stats,
+            events_with_dropped_fields=self._dropped.events,
             accepted=stats.accepted + handed + self._lost_in_handoff,
             queued=stats.queued + (0 if ended else handed),
             unsent_at_shutdown=stats.unsent_at_shutdown + unsent,
@@ -158,7 +160,10 @@ class ZmqEventPublisher:
             batch = KVEventBatch(batch.ts, batch.events, self.attn_dp_rank)
         if not batch.events:
             return
-        payload = encode_batch(batch)
+        config = self.config
+        payload = encode_batch(
+            batch, config.wire_format, strict=config.strict, dropped=self._dropped
+        )
         while not self._slots.acquire(timeout=0.1):  # backpressure, never a drop
             self._check_usable()
         with self._lock:

@@ -18,7 +18,7 @@ async def main(endpoint: str) -> None:
         parent = None
         for step in range(5):  # five scheduling rounds, each caching one block of 16 tokens
             block = 1000 + step
-            await publisher.publish([tskv.BlockStored([block], parent, range(16), 16)])
+            await publisher.publish([tskv.BlockStored([block], parent, list(range(16)), 16)])
             parent = block
             await trio.sleep(0.01)  # the rest of the scheduler's round
         await publisher.publish([tskv.BlockRemoved([1000]), tskv.AllBlocksCleared()])
