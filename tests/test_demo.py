@@ -112,3 +112,42 @@ def test_simulate_and_listen_spell_the_replay_endpoint_alike_and_keep_the_old_sp
         old = parser.parse_args([*command, "--replay", replay])
         assert vars(new) == vars(old)
         assert replay in vars(new).values()
+
+
+async def test_the_demo_carries_the_storage_tier_on_the_vllm_wire() -> None:
+    out = io.StringIO()
+    options = SimOptions(
+        rounds=30, cache_blocks=64, block_size=4, round_interval=0.002, medium="GPU",
+        wire_format="vllm",
+    )  # fmt: skip
+    assert await demo(options, out, live=False)
+    assert "nothing was lost" in out.getvalue()
+
+
+async def test_simulate_on_the_vllm_wire_sends_the_medium_it_is_given() -> None:
+    ready = trio.Event()
+    publishers: list[tskv.Publisher] = []
+
+    def on_ready(opened: list[tskv.Publisher]) -> None:
+        publishers.extend(opened)
+        ready.set()
+
+    options = SimOptions(rounds=None, duration=30, round_interval=0.005, medium="CPU")
+    config = tskv.KVEventsConfig(endpoint=LOCAL, replay_endpoint=LOCAL, wire_format="vllm")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(simulate, options, config, io.StringIO(), on_ready)
+        with trio.fail_after(10):
+            await ready.wait()
+        [publisher] = publishers
+        async with tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, start_seq=0
+        ) as sub:
+            with trio.fail_after(20):
+                seq, batch = await sub.__anext__()
+        nursery.cancel_scope.cancel()
+    assert batch.events and all(
+        event.medium == "CPU"
+        for event in batch.events
+        if not isinstance(event, tskv.AllBlocksCleared)
+    )
+    assert publisher.statistics().events_with_dropped_fields == 0

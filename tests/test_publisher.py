@@ -22,6 +22,7 @@ from tests.zmq_helpers import (
     subscribed,
 )
 from tskv import BlockRemoved, BlockStored, KVEventsConfig, PublisherClosedError
+from tskv._trio_zmq import TrioSocket
 
 
 def events(n: int) -> list[tskv.KVEvent]:
@@ -311,7 +312,14 @@ async def test_replay_to_a_slow_client_is_not_truncated_at_the_hwm() -> None:
 
 
 async def test_a_replay_client_that_leaves_is_abandoned_cleanly() -> None:
-    cfg = config(hwm=10, buffer_steps=500, replay_client_timeout=0.2)
+    # inproc: no kernel buffers, so 500 replies cannot all be in flight before it leaves
+    cfg = config(
+        endpoint=inproc_name("leaves-live"),
+        replay_endpoint=inproc_name("leaves-replay"),
+        hwm=10,
+        buffer_steps=500,
+        replay_client_timeout=0.2,
+    )
     async with (
         tskv.open_publisher(cfg) as publisher,
         subscribed(publisher) as sub,
@@ -321,10 +329,12 @@ async def test_a_replay_client_that_leaves_is_abandoned_cleanly() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert publisher.statistics().published == 500
         assert publisher.replay_endpoint is not None
-        async with raw_socket(zmq.DEALER, publisher.replay_endpoint) as dealer:
-            dealer.sock.setsockopt(zmq.RCVHWM, 5)
-            await dealer.send([b"", (0).to_bytes(8, "big")])
-            await dealer.receive()
+        dealer = TrioSocket(zmq.Context.instance().socket(zmq.DEALER))
+        dealer.sock.setsockopt(zmq.RCVHWM, 5)
+        dealer.sock.connect(publisher.replay_endpoint)
+        await dealer.send([b"", (0).to_bytes(8, "big")])
+        await dealer.receive()
+        dealer.close()
         # the client is gone mid-replay; live publishing goes on
         with trio.fail_after(10):
             # an abandoned replay is visible only in the statistics

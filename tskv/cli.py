@@ -193,6 +193,16 @@ def _sim_flags(parser: argparse.ArgumentParser, rounds: int | None = SimOptions(
         help=f"workload seed: same seed, same stream ({defaults.seed})",
     )
     parser.add_argument(
+        "--medium",
+        metavar="TIER",
+        help="name this storage tier (GPU, CPU...) in every event; sent on the vLLM wire",
+    )
+    parser.add_argument(
+        "--wire-format",
+        choices=["tokenspeed", "vllm"],
+        help="the wire to publish: tokenspeed (the default) or vllm (carries --medium)",
+    )
+    parser.add_argument(
         "--round-interval",
         type=_positive_float,
         default=defaults.round_interval,
@@ -210,6 +220,8 @@ def _sim_options(args: argparse.Namespace) -> SimOptions:
         ranks=args.ranks,
         seed=args.seed,
         round_interval=args.round_interval,
+        medium=args.medium,
+        wire_format=args.wire_format or "tokenspeed",
     )
 
 
@@ -237,6 +249,7 @@ def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
         "curve_secret_key": args.curve_secret_key,
         "curve_clients": args.curve_clients,
         "curve_allow_any_client": args.curve_allow_any_client or None,
+        "wire_format": args.wire_format,
     }
     changes = {key: value for key, value in flags.items() if value is not None}
     if "curve_clients" in changes:

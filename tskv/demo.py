@@ -17,6 +17,7 @@ from typing import TextIO
 import attrs
 import trio
 
+from tskv.codec import WireFormat
 from tskv.config import KVEventsConfig
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from tskv.publisher import Publisher, open_publisher
@@ -39,6 +40,8 @@ class SimOptions:
     ranks: int = 1
     seed: int = 0
     round_interval: float = 0.01  # seconds between rounds: a decode step's order of magnitude
+    medium: str | None = None  # the storage tier every event names (needs the vLLM wire)
+    wire_format: WireFormat = "tokenspeed"
 
 
 @attrs.define
@@ -58,7 +61,7 @@ class _SchedulerLoop:
         self.rounds = 0
         self.ranks = [
             _Rank(
-                Simulator(options.cache_blocks, options.block_size),
+                Simulator(options.cache_blocks, options.block_size, medium=options.medium),
                 Workload(options.seed + rank, options.block_size),
                 publisher,
             )
@@ -142,7 +145,15 @@ async def demo(options: SimOptions, out: TextIO = sys.stdout, live: bool | None 
     async with AsyncExitStack() as stack:
         publishers = [
             await stack.enter_async_context(
-                open_publisher(KVEventsConfig(endpoint=LOCAL, replay_endpoint=LOCAL), rank)
+                open_publisher(
+                    KVEventsConfig(
+                        endpoint=LOCAL,
+                        replay_endpoint=LOCAL,
+                        wire_format=options.wire_format,
+                        strict=True,
+                    ),
+                    rank,
+                )
             )
             for rank in range(options.ranks)
         ]

@@ -240,7 +240,7 @@ class Publisher(metaclass=NoPublicConstructor):
         seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
         message = frames.live_message(self._topic, seq, payload)
         try:
-            self._pub.send_nowait(message, len(payload) >= ZERO_COPY_BYTES)
+            self._pub.send_nowait(message, len(payload) < ZERO_COPY_BYTES)
         except trio.WouldBlock:
             return message
         except BaseException:
@@ -390,7 +390,7 @@ class Publisher(metaclass=NoPublicConstructor):
                 if out is None:
                     break
                 try:
-                    router.send_nowait(out.frames, len(out.frames[-1]) >= ZERO_COPY_BYTES)
+                    router.send_nowait(out.frames, len(out.frames[-1]) < ZERO_COPY_BYTES)
                 except trio.WouldBlock:  # the client's pipe is full (ROUTER_MANDATORY)
                     abandoned = server.blocked(out)
                 except zmq.ZMQError as exc:

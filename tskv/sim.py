@@ -39,13 +39,15 @@ class _Block:
 
 
 class PrefixCache:
-    """`capacity` blocks of `block_size` tokens; every change is recorded as a KV event."""
+    """`capacity` blocks of `block_size` tokens; every change is recorded as a KV event, tagged
+    with `medium` (the storage tier, e.g. "GPU") when one is given."""
 
-    def __init__(self, capacity: int, block_size: int) -> None:
+    def __init__(self, capacity: int, block_size: int, medium: str | None = None) -> None:
         if capacity < 1 or block_size < 1:
             raise ValueError(f"capacity = {capacity} and block_size = {block_size} must be >= 1")
         self.capacity = capacity
         self.block_size = block_size
+        self.medium = medium
         self.blocks: dict[int, _Block] = {}
         self.events: list[KVEvent] = []
         self._clock = 0
@@ -67,7 +69,7 @@ class PrefixCache:
         del self.blocks[block_hash_]
         if block.parent is not None and block.parent in self.blocks:
             self.blocks[block.parent].children -= 1
-        self.events.append(BlockRemoved([block_hash_]))
+        self.events.append(BlockRemoved([block_hash_], medium=self.medium))
         return True
 
     def room_for(self, count: int) -> bool:
@@ -112,8 +114,9 @@ class PrefixCache:
             previous = block_hash_
         if new:
             tokens = [token for _, block_tokens in new for token in block_tokens]
+            hashes = [h for h, _ in new]
             self.events.append(
-                BlockStored([h for h, _ in new], run_parent, tokens, self.block_size)
+                BlockStored(hashes, run_parent, tokens, self.block_size, medium=self.medium)
             )
         return True
 
@@ -157,8 +160,9 @@ class Simulator:
         block_size: int = 16,
         tokens_per_round: int = 8,
         max_running: int = 32,
+        medium: str | None = None,
     ) -> None:
-        self.cache = PrefixCache(cache_blocks, block_size)
+        self.cache = PrefixCache(cache_blocks, block_size, medium)
         self.tokens_per_round = tokens_per_round
         self.max_running = max_running
         self.waiting: deque[tuple[GenerateRequest, int]] = deque()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -42,7 +43,10 @@ from tskv.sequencer import (
 
 logger = logging.getLogger("tskv")
 
-INBOX_SIZE = 1024
+INBOX_SIZE = 16  # items in the inbox; a live item holds up to LIVE_BURST messages
+LIVE_BURST = 256  # live messages taken off the socket in one go
+YIELD_EVERY = 64  # __anext__ lets other tasks run at least this often...
+YIELD_AFTER = 0.0005  # ...and at least this often (seconds), whichever comes first
 REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
 SERVER_HINT = (
     "check that curve_server_key is this publisher's public key and that the publisher "
@@ -68,8 +72,9 @@ class SubscriberStatistics:
 
 @attrs.frozen
 class _Live:
-    seq: int
-    payload: bytes
+    """Live messages as they came off the SUB socket, as many as were waiting at once."""
+
+    messages: list[list[bytes]]
 
 
 @attrs.frozen
@@ -131,6 +136,8 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._restarts = 0
         self._undecodable = 0
         self._replay_requests = 0
+        self._unyielded = 0
+        self._yielded_at = time.perf_counter()
 
     def statistics(self) -> SubscriberStatistics:
         return SubscriberStatistics(
@@ -152,24 +159,44 @@ class Subscriber(metaclass=NoPublicConstructor):
         return self
 
     async def __anext__(self) -> tuple[int, KVEventBatch]:
+        """The next batch. Always a cancellation point; it lets other tasks run when it must
+        wait, and otherwise at least every YIELD_EVERY batches or YIELD_AFTER seconds, as
+        publish() does: a schedule point per batch would cost more than decoding it."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             while self._ready:
                 item = self._ready.popleft()
                 if isinstance(item, Loss):
                     self._report(item)
                     continue
-                await trio.lowlevel.checkpoint()
+                self._unyielded += 1
+                now = time.perf_counter()
+                if self._unyielded >= YIELD_EVERY or now - self._yielded_at > YIELD_AFTER:
+                    self._unyielded = 0
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    self._yielded_at = time.perf_counter()
                 return item
             try:
                 inbound = await self._inbox.receive()
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 raise StopAsyncIteration from None
-            self._apply(self._feed(inbound))
+            self._unyielded = 0
+            self._yielded_at = time.perf_counter()
+            if isinstance(inbound, _Live):
+                for message in inbound.messages:
+                    self._apply(self._take_live(message))
+            else:
+                self._apply(self._feed(inbound))
 
-    def _feed(self, inbound: _Inbound) -> list[Action]:
-        if isinstance(inbound, _Live):
-            self._received += 1
-            return self._sequencer.live(inbound.seq, inbound.payload)
+    def _take_live(self, message: list[bytes]) -> list[Action]:
+        self._received += 1
+        try:
+            _, seq, payload = frames.parse_live_message(message)
+        except frames.FrameError as exc:
+            return self._feed(_BadFrames(str(exc)))
+        return self._sequencer.live(seq, payload)
+
+    def _feed(self, inbound: _Replayed | _ReplayFailed | _BadFrames) -> list[Action]:
         if isinstance(inbound, _Replayed):
             if inbound.reply.is_end:
                 return self._sequencer.replay_ended(inbound.request_id)
@@ -213,14 +240,15 @@ class Subscriber(metaclass=NoPublicConstructor):
 
 
 async def _read_live(sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound]) -> None:
+    """Move live messages from the socket to the inbox, every one waiting at once together."""
     while True:
-        message = await sub.receive()
-        try:
-            _, seq, payload = frames.parse_live_message(message)
-        except frames.FrameError as exc:
-            await inbox.send(_BadFrames(str(exc)))
-            continue
-        await inbox.send(_Live(seq, payload))
+        messages = [await sub.receive()]
+        for _ in range(LIVE_BURST - 1):
+            try:
+                messages.append(sub.receive_nowait())
+            except trio.WouldBlock:
+                break
+        await inbox.send(_Live(messages))
 
 
 class _ReplayClient:
