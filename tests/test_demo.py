@@ -143,7 +143,7 @@ async def test_simulate_on_the_vllm_wire_sends_the_medium_it_is_given() -> None:
             publisher.endpoint, publisher.replay_endpoint, start_seq=0
         ) as sub:
             with trio.fail_after(20):
-                seq, batch = await sub.__anext__()
+                _, batch = await sub.__anext__()
         nursery.cancel_scope.cancel()
     assert batch.events and all(
         event.medium == "CPU"

@@ -49,6 +49,7 @@ class SocketMonitor:
         self._events = TrioSocket(sock.get_monitor_socket(_EVENTS))
         self._log = LogLimiter()
 
+    @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
     async def run(self) -> None:
         while True:
             event = parse_monitor_message(await self._events.receive())

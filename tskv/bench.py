@@ -46,10 +46,10 @@ from tskv._msgspec import msgspec
 from tskv._trio_zmq import bound_endpoint
 from tskv.codec import encode_round
 from tskv.config import KVEventsConfig
+from tskv.endpoints import LOOPBACK
 from tskv.events import BlockStored, KVEvent, KVEventBatch
 from tskv.publisher import open_publisher
 
-LOOPBACK = "tcp://127.0.0.1:*"
 SHAPES = {"small": (10, 4, 64), "large": (200, 4, 64), "huge": (1, 2048, 32_768)}
 ROUNDS = {"small": 20_000, "large": 2_000, "huge": 300}
 Row = dict[str, Any]

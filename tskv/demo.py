@@ -19,13 +19,12 @@ import trio
 
 from tskv.codec import WireFormat
 from tskv.config import KVEventsConfig
+from tskv.endpoints import LOOPBACK
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from tskv.publisher import Publisher, open_publisher
 from tskv.sequencer import Loss
 from tskv.sim import Simulator, Workload, run_round
 from tskv.subscriber import Subscriber, open_subscriber
-
-LOCAL = "tcp://127.0.0.1:*"
 
 
 @attrs.frozen
@@ -147,8 +146,8 @@ async def demo(options: SimOptions, out: TextIO = sys.stdout, live: bool | None 
             await stack.enter_async_context(
                 open_publisher(
                     KVEventsConfig(
-                        endpoint=LOCAL,
-                        replay_endpoint=LOCAL,
+                        endpoint=LOOPBACK,
+                        replay_endpoint=LOOPBACK,
                         wire_format=options.wire_format,
                         strict=True,
                     ),

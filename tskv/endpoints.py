@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 _TRANSPORTS = ("tcp://", "ipc://", "inproc://")
+LOOPBACK = "tcp://127.0.0.1:*"  # binds loopback on a port the OS picks: tests, demos, tools
 
 
 class EndpointError(ValueError):

@@ -299,6 +299,7 @@ class Publisher(metaclass=NoPublicConstructor):
                     raise trio.EndOfChannel
                 return got[0]
 
+    @trio.lowlevel.enable_ki_protection  # a child task is protected only if its own code is
     async def _take_one(self, got: list[bytes | None], race: trio.CancelScope) -> None:
         try:
             got.append(await self._receive.receive())
@@ -306,6 +307,7 @@ class Publisher(metaclass=NoPublicConstructor):
             got.append(None)
         race.cancel()
 
+    @trio.lowlevel.enable_ki_protection
     async def _watch_socket(self, race: trio.CancelScope) -> None:
         await self._pub.wait(zmq.POLLIN)
         race.cancel()

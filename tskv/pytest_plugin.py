@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tskv.config import KVEventsConfig
+from tskv.endpoints import LOOPBACK
 from tskv.publisher import Publisher, open_publisher
 from tskv.testing import (
-    LOOPBACK,
     ScriptedPublisher,
     ScriptedPublisherThread,
     SimulatedStream,

@@ -235,11 +235,6 @@ class Simulator:
     def cached_hashes(self) -> frozenset[int]:
         return frozenset(self.cache.blocks)
 
-    @property
-    def hit_rate(self) -> float:
-        total = self.cache.hits + self.cache.misses
-        return self.cache.hits / total if total else 0.0
-
 
 class Workload:
     """Seeded requests with shared prefixes: system prompts and conversations that go on.

@@ -43,8 +43,8 @@ from tskv.sequencer import (
 
 logger = logging.getLogger("tskv")
 
-INBOX_SIZE = 16  # items in the inbox; a live item holds up to LIVE_BURST messages
-LIVE_BURST = 256  # live messages taken off the socket in one go
+INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
+LIVE_BURST = 64  # live messages taken off the socket in one go
 YIELD_EVERY = 64  # __anext__ lets other tasks run at least this often...
 YIELD_AFTER = 0.0005  # ...and at least this often (seconds), whichever comes first
 REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
@@ -126,7 +126,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._inbox = inbox
         self._requests = requests
         self._on_loss = on_loss
-        self._ready: deque[tuple[int, KVEventBatch] | Loss] = deque()
+        self._ready: deque[Deliver | Loss] = deque()
         self._bad_log = LogLimiter(interval=1.0)
         self._received = 0
         self._delivered = 0
@@ -169,13 +169,24 @@ class Subscriber(metaclass=NoPublicConstructor):
                 if isinstance(item, Loss):
                     self._report(item)
                     continue
+                # Decoded only now, one at a time: a burst decoded ahead would keep thousands
+                # of lists alive for the garbage collector to walk again and again.
+                try:
+                    batch = decode_batch(item.payload)
+                except WireError as exc:
+                    self._undecodable += 1
+                    self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
+                    self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
+                    continue
+                self._delivered += 1
+                self._repaired += item.from_replay
                 self._unyielded += 1
                 now = time.perf_counter()
                 if self._unyielded >= YIELD_EVERY or now - self._yielded_at > YIELD_AFTER:
                     self._unyielded = 0
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     self._yielded_at = time.perf_counter()
-                return item
+                return item.seq, batch
             try:
                 inbound = await self._inbox.receive()
             except (trio.EndOfChannel, trio.ClosedResourceError):
@@ -211,18 +222,7 @@ class Subscriber(metaclass=NoPublicConstructor):
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, Deliver):
-                try:
-                    batch = decode_batch(action.payload)
-                except WireError as exc:
-                    self._undecodable += 1
-                    self._bad_log.warning("batch %d does not decode: %s", action.seq, exc)
-                    self._ready.append(Loss(action.seq, action.seq, LossReason.UNDECODABLE))
-                    continue
-                self._delivered += 1
-                self._repaired += action.from_replay
-                self._ready.append((action.seq, batch))
-            elif isinstance(action, Loss):
+            if isinstance(action, (Deliver, Loss)):
                 self._ready.append(action)
             else:
                 self._replay_requests += 1
@@ -239,6 +239,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             self._on_loss(loss)
 
 
+@trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
 async def _read_live(sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound]) -> None:
     """Move live messages from the socket to the inbox, every one waiting at once together."""
     while True:
@@ -285,6 +286,7 @@ class _ReplayClient:
     def close(self) -> None:
         self._dealer.close()
 
+    @trio.lowlevel.enable_ki_protection
     async def run(self, requests: trio.MemoryReceiveChannel[RequestReplay]) -> None:
         async for request in requests:
             await self._serve(request, requests)
@@ -341,6 +343,7 @@ class _ReplayClient:
         self._dealer = self._open()
 
 
+@trio.lowlevel.enable_ki_protection
 async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor, after: float) -> None:
     """A publisher that never answers (a wrong address, a host that does not resolve, a
     handshake that keeps failing) would otherwise leave the subscriber silent forever."""

@@ -29,11 +29,11 @@ from tskv._trio_thread import TrioThread
 from tskv._trio_zmq import TrioSocket, open_socket
 from tskv.codec import WireFormat, encode_batch
 from tskv.config import KVEventsConfig
+from tskv.endpoints import LOOPBACK
 from tskv.events import KVEvent, KVEventBatch
 from tskv.publisher import Publisher, open_publisher
 from tskv.sim import Simulator, Workload, run_round
 
-LOOPBACK = "tcp://127.0.0.1:*"
 CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
 ReplayLayout = WireFormat
 ReplayMode = Literal["answer", "never", "refuse"]
