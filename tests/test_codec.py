@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tskv
 from tests.conftest import load_vectors
 from tests.strategies import batches
-from tskv import BlockRemoved, BlockStored, KVEventBatch, WireError
+from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, WireError
 from tskv.codec import DroppedFields, available_codecs, encode_round
 from tskv.events import FIELDS, event_fields
 
@@ -292,3 +292,80 @@ def test_well_formed_msgpack_of_any_shape_is_a_batch_or_wire_error(value: Any) -
     decodes_or_wire_error(pack(value))
     decodes_or_wire_error(pack([1.0, [value], 0]))
     decodes_or_wire_error(pack([1.0, [["BlockStored", [1], None, [2], 4, value]], 0]))
+
+
+async def test_a_subscriber_with_vllm_shaped_structs_reads_a_live_vllm_wire_stream() -> None:
+    """A consumer written as vLLM's current one is (map events tagged "type", decoded with
+    msgspec into Structs whose fields are vLLM's), reading tskv's stream on the vLLM wire."""
+    import msgspec
+    import trio
+
+    from tests.zmq_helpers import LOOPBACK, subscribed
+
+    stored = msgspec.defstruct(
+        "VllmBlockStored",
+        [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None),
+            ("lora_name", str | None),
+            ("extra_keys", list[Any] | None, None),
+            ("group_idx", int | None, None),
+            ("kv_cache_spec_kind", str | None, None),
+            ("kv_cache_spec_sliding_window", int | None, None),
+            ("locality", str | None, None),
+        ],
+        tag="BlockStored",
+        tag_field="type",
+    )
+    removed = msgspec.defstruct(
+        "VllmBlockRemoved",
+        [
+            ("block_hashes", list[int]),
+            ("medium", str | None),
+            ("group_idx", int | None, None),
+            ("locality", str | None, None),
+        ],
+        tag="BlockRemoved",
+        tag_field="type",
+    )
+    cleared = msgspec.defstruct(
+        "VllmAllBlocksCleared", [], tag="AllBlocksCleared", tag_field="type"
+    )
+    batch_type = msgspec.defstruct(
+        "VllmBatch",
+        [
+            ("ts", float),
+            ("events", list[stored | removed | cleared]),
+            ("data_parallel_rank", int | None),
+        ],  # type: ignore[valid-type]
+        array_like=True,
+    )
+    decode = msgspec.msgpack.Decoder(batch_type).decode
+    rounds = [
+        [BlockStored([n, n + 1], n - 1 if n else None, list(range(8)), 4, medium="GPU")]
+        + ([BlockRemoved([n - 1], medium="CPU", group_idx=1)] if n % 3 == 0 else [])
+        + ([AllBlocksCleared()] if n == 7 else [])
+        for n in range(20)
+    ]
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, wire_format="vllm", replay_endpoint=None)
+    async with tskv.open_publisher(config) as publisher, subscribed(publisher) as sub:
+        for events in rounds:
+            await publisher.publish(events)
+        received = []
+        with trio.fail_after(10):
+            for _ in rounds:
+                received.append(decode((await sub.receive())[2]))
+    for got, sent in zip(received, rounds, strict=True):
+        assert got.data_parallel_rank == 0
+        assert [msgspec.structs.asdict(event) for event in got.events] == [
+            event_fields_with_defaults(event) for event in sent
+        ]
+
+
+def event_fields_with_defaults(event: tskv.KVEvent) -> dict[str, Any]:
+    """An event as vLLM's Structs hold it: every field, the unset ones None."""
+    return {name: getattr(event, name) for name in FIELDS[type(event)]}

@@ -11,6 +11,7 @@ from tskv.publisher import (
     open_publisher,
 )
 from tskv.scheduler import drain_scheduler_kv_events, scheduler_kv_event_to_wire_event
+from tskv.security import KeyFileError
 from tskv.sequencer import Loss, LossReason
 from tskv.subscriber import Subscriber, SubscriberStatistics, open_subscriber
 from tskv.threaded import (
@@ -30,6 +31,7 @@ __all__ = [
     "KVEvent",
     "KVEventBatch",
     "KVEventsConfig",
+    "KeyFileError",
     "Loss",
     "LossReason",
     "NullEventPublisher",
