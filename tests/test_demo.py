@@ -33,21 +33,12 @@ async def test_demo_refuses_options_that_cannot_run() -> None:
 
 
 async def test_simulate_feeds_a_consumer_that_joins_from_seq_0() -> None:
-    ready = trio.Event()
-    publishers: list[tskv.Publisher] = []
-
-    def on_ready(opened: list[tskv.Publisher]) -> None:
-        publishers.extend(opened)
-        ready.set()
-
     out = io.StringIO()
     options = SimOptions(rounds=None, duration=30, round_interval=0.005, seed=4)
     async with trio.open_nursery() as nursery:
         config = tskv.KVEventsConfig(endpoint=LOCAL, replay_endpoint=LOCAL)
-        nursery.start_soon(simulate, options, config, out, on_ready)
         with trio.fail_after(10):
-            await ready.wait()
-        [publisher] = publishers
+            [publisher] = await nursery.start(simulate, options, config, out)
         async with tskv.open_subscriber(
             publisher.endpoint, publisher.replay_endpoint, start_seq=0
         ) as sub:
@@ -125,20 +116,11 @@ async def test_the_demo_carries_the_storage_tier_on_the_vllm_wire() -> None:
 
 
 async def test_simulate_on_the_vllm_wire_sends_the_medium_it_is_given() -> None:
-    ready = trio.Event()
-    publishers: list[tskv.Publisher] = []
-
-    def on_ready(opened: list[tskv.Publisher]) -> None:
-        publishers.extend(opened)
-        ready.set()
-
     options = SimOptions(rounds=None, duration=30, round_interval=0.005, medium="CPU")
     config = tskv.KVEventsConfig(endpoint=LOCAL, replay_endpoint=LOCAL, wire_format="vllm")
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(simulate, options, config, io.StringIO(), on_ready)
         with trio.fail_after(10):
-            await ready.wait()
-        [publisher] = publishers
+            [publisher] = await nursery.start(simulate, options, config, io.StringIO())
         async with tskv.open_subscriber(
             publisher.endpoint, publisher.replay_endpoint, start_seq=0
         ) as sub:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import TextIO
 
@@ -240,9 +240,14 @@ async def simulate(
     options: SimOptions,
     config: KVEventsConfig,
     out: TextIO = sys.stdout,
-    ready: Callable[[list[Publisher]], object] | None = None,
+    *,
+    task_status: trio.TaskStatus[list[Publisher]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Publish the simulated schedulers' events for an external consumer until done."""
+    """Publish the simulated schedulers' events for an external consumer until done.
+
+    With `await nursery.start(simulate, ...)`, the publishers are handed back once they are
+    open, so a test or a tool can point consumers at them.
+    """
     check_options(options)
     loop: _SchedulerLoop | None = None
     try:
@@ -260,8 +265,7 @@ async def simulate(
                     file=out,
                     flush=True,
                 )
-            if ready is not None:
-                ready(publishers)
+            task_status.started(publishers)
             await loop.run()
     finally:
         if loop is not None:

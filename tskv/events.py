@@ -21,8 +21,10 @@ import attrs
 
 from tskv._msgspec import msgspec
 
-if TYPE_CHECKING or sys.version_info >= (3, 11):
+if TYPE_CHECKING:
     from typing_extensions import dataclass_transform
+elif sys.version_info >= (3, 11):
+    from typing import dataclass_transform
 else:  # the decorator only informs type checkers
 
     def dataclass_transform(**_: object) -> Callable[[T], T]:
