@@ -12,7 +12,9 @@ import trio
 
 import tskv
 from tests.processes import killed_after
-from tskv.demo import SimOptions, demo, simulate
+from tskv._cli.demo import demo
+from tskv._cli.simulate import simulate
+from tskv.sim import SimOptions
 
 LOCAL = "tcp://127.0.0.1:*"
 
@@ -94,7 +96,7 @@ def test_demo_cli_exits_zero_and_help_explains_the_options() -> None:
 
 
 def test_simulate_and_listen_spell_the_replay_endpoint_alike_and_keep_the_old_spelling() -> None:
-    from tskv.cli import build_parser
+    from tskv._cli import build_parser
 
     parser = build_parser()
     replay = "tcp://127.0.0.1:5558"

@@ -7,7 +7,7 @@ import trio
 
 import tskv
 from tskv import BlockRemoved, Loss, LossReason
-from tskv.demo import CacheView
+from tskv.sim import CacheView
 from tskv.testing import ScriptedPublisher, ScriptedPublisherThread, SimulatedStream
 
 

@@ -19,8 +19,8 @@ import tskv
 from tests.processes import killed_after
 from tests.zmq_helpers import LOOPBACK, raw_socket
 from tskv import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+from tskv._cli.listen import format_batch, listen
 from tskv.frames import live_message
-from tskv.listen import format_batch, listen
 from tskv.testing import ScriptedPublisher
 
 
@@ -50,7 +50,6 @@ async def test_listen_repairs_a_gap_made_on_purpose_and_shows_it(
             None,
             True,
             out,
-            None,
             5,
         )
         with trio.fail_after(10):
@@ -72,7 +71,7 @@ async def test_listen_shows_a_loss_where_it_falls() -> None:
     out = io.StringIO()
     async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub, trio.open_nursery() as nursery:
         endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        nursery.start_soon(listen, endpoint, None, "", None, False, out, None, 2)
+        nursery.start_soon(listen, endpoint, None, "", None, False, out, 2)
         with trio.fail_after(10):
             await pub.receive()
         for seq in (0, 5):

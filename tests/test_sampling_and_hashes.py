@@ -5,8 +5,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import load_vectors
-from tskv.block_hash import block_hash, chain_hashes
-from tskv.sampling import (
+from tskv.sim.block_hash import block_hash, chain_hashes
+from tskv.sim.sampling import (
     GenerateRequest,
     SamplingParams,
     SamplingSeedError,

@@ -339,7 +339,7 @@ def test_a_restart_is_detected_and_the_new_sequence_delivered_from_its_start(
 def test_every_kind_of_loss_is_logged_and_shown_readably(
     reason: LossReason, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tskv.listen import format_loss
+    from tskv._cli.listen import format_loss
     from tskv.subscriber import _log_loss
 
     restart = reason is LossReason.RESTART

@@ -7,10 +7,16 @@ from hypothesis import strategies as st
 
 import tskv
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from tskv.block_hash import chain_hashes
-from tskv.demo import CacheView
-from tskv.sampling import GenerateRequest, SamplingParams
-from tskv.sim import PrefixCache, Simulator, Workload, run_round
+from tskv.sim import (
+    CacheView,
+    GenerateRequest,
+    PrefixCache,
+    SamplingParams,
+    Simulator,
+    Workload,
+    chain_hashes,
+    run_round,
+)
 
 
 def run(seed: int, rounds: int, offset: int = 0, cache: int = 64) -> list[list[tskv.KVEvent]]:

@@ -1,5 +1,5 @@
 import sys
 
-from tskv.cli import main
+from tskv._cli import main
 
 sys.exit(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -11,7 +12,7 @@ from typing import Any, TextIO
 
 from tskv.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, event_fields
 from tskv.sequencer import Loss, LossReason
-from tskv.subscriber import Subscriber, open_subscriber
+from tskv.subscriber import Subscriber, open_subscriber, unreachable_reason
 
 
 def short_hash(value: int) -> str:
@@ -127,12 +128,14 @@ async def listen(
     start_seq: int | None,
     as_json: bool,
     out: TextIO = sys.stdout,
-    holder: list[Subscriber] | None = None,
     limit: int | None = None,
+    *,
     curve_server_key: str | None = None,
     curve_secret_key: str | None = None,
+    summary_to: TextIO | None = None,
 ) -> None:
-    """Print every batch until cancelled (or `limit` batches); `holder` receives the subscriber."""
+    """Print every batch until cancelled (or `limit` batches); the summary goes to `summary_to`
+    however it ends."""
 
     def on_loss(loss: Loss) -> None:
         print(loss_json(loss) if as_json else format_loss(loss), file=out, flush=True)
@@ -146,12 +149,39 @@ async def listen(
         curve_server_key=curve_server_key,
         curve_secret_key=curve_secret_key,
     ) as sub:
-        if holder is not None:
-            holder.append(sub)
-        count = 0
-        async for seq, batch in sub:
-            print(batch_json(seq, batch) if as_json else format_batch(seq, batch), file=out)
-            out.flush()
-            count += 1
-            if limit is not None and count >= limit:
-                return
+        try:
+            count = 0
+            async for seq, batch in sub:
+                print(batch_json(seq, batch) if as_json else format_batch(seq, batch), file=out)
+                out.flush()
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+        finally:
+            if summary_to is not None:
+                print(summary(sub), file=summary_to, flush=True)
+
+
+ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end
+
+
+async def main(args: argparse.Namespace) -> int:
+    if args.from_seq is not None and args.replay is None:
+        raise ValueError("--from-seq needs --replay-endpoint ENDPOINT")
+    if args.curve_secret_key is not None and args.curve_server_key is None:
+        raise ValueError("--curve-secret-key needs --curve-server-key FILE")
+    for endpoint in (args.endpoint, args.replay):
+        problem = endpoint and await unreachable_reason(endpoint)
+        if problem:
+            raise ValueError(f"cannot reach {endpoint}: {problem}; check the address")
+    await listen(
+        args.endpoint,
+        args.replay,
+        args.topic,
+        args.from_seq,
+        args.json,
+        curve_server_key=args.curve_server_key,
+        curve_secret_key=args.curve_secret_key,
+        summary_to=sys.stderr,
+    )
+    return 0

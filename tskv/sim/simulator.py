@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 import attrs
 
-from tskv.block_hash import block_hash
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from tskv.sampling import (
+from tskv.sim.block_hash import block_hash
+from tskv.sim.sampling import (
     GenerateRequest,
     SamplingParams,
     fan_out,

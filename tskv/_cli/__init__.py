@@ -1,0 +1,159 @@
+"""The `tskv` command: one module per subcommand, each a thin shell over the library.
+
+Every subcommand is `async def main(args) -> int`, run by `run` under one Ctrl-C policy: Ctrl-C
+stops any command, which says what it did on its way out; a command that runs until stopped
+(listen, simulate) exits 0, one that was interrupted before its end (demo) exits 130. A problem
+a command meets (a bad endpoint or key file, a config value) is one line naming it, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+import trio
+
+import tskv
+from tskv._cli import demo, keys, listen, simulate
+from tskv._cli.options import endpoint, non_negative, sim_flags
+
+COMMANDS: dict[str, ModuleType] = {
+    "listen": listen,
+    "demo": demo,
+    "simulate": simulate,
+    "keys": keys,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tskv",
+        description="Publish, tail and simulate LLM scheduler KV-cache event streams over ZeroMQ.",
+    )
+    parser.add_argument("--version", action="version", version=f"tskv {tskv.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    listen = commands.add_parser(
+        "listen",
+        help="tail a KV event stream (tskv, TokenSpeed, vLLM, SGLang)",
+        description="Print one line per batch, repair gaps from replay, show what is lost. "
+        "Ctrl-C ends it with a summary.",
+    )
+    listen.add_argument("endpoint", type=endpoint, help="the publisher's PUB endpoint")
+    listen.add_argument(
+        "--replay-endpoint",
+        "--replay",
+        dest="replay",
+        type=endpoint,
+        help="the publisher's replay endpoint (--replay is the older spelling)",
+    )
+    listen.add_argument("--topic", default="", help="only batches whose topic starts with this")
+    listen.add_argument(
+        "--from-seq", type=non_negative, help="fetch batches from this seq on from replay first"
+    )
+    listen.add_argument("--json", action="store_true", help="one JSON object per line")
+    listen.add_argument(
+        "--curve-server-key", metavar="FILE", help="the publisher's public certificate (NAME.key)"
+    )
+    listen.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="this listener's secret certificate (NAME.key_secret); without it, an ephemeral key",
+    )
+
+    demo = commands.add_parser(
+        "demo",
+        help="run simulated schedulers, publishers and subscribers in one process and check "
+        "that nothing is lost",
+        description="Simulated schedulers publish their KV events on loopback; subscribers "
+        "rebuild each rank's cache from them; the run ends by checking the rebuilt caches "
+        "equal the schedulers' own (exit status 1 if not).",
+    )
+    sim_flags(demo)
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="publish a simulated scheduler's KV events for an external consumer",
+        description="Run the simulated scheduler and publish its events until Ctrl-C or "
+        "--rounds, for a router or indexer under test.",
+    )
+    simulate.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        help="the publisher's settings as the JSON engines take (every KVEventsConfig key); "
+        "the flags below override it",
+    )
+    simulate.add_argument(
+        "--endpoint", type=endpoint, help="PUB endpoint (default from the config: tcp://*:5557)"
+    )
+    simulate.add_argument(
+        "--replay-endpoint", "--replay", type=endpoint, help="replay ROUTER endpoint"
+    )
+    simulate.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="encrypt with CURVE: the publisher's secret certificate (NAME.key_secret)",
+    )
+    who = simulate.add_mutually_exclusive_group()
+    who.add_argument(
+        "--curve-clients", metavar="DIR", help="allow only subscribers whose NAME.key is in DIR"
+    )
+    who.add_argument(
+        "--curve-allow-any-client",
+        action="store_true",
+        help="allow any subscriber that completes the CURVE handshake",
+    )
+    sim_flags(simulate, rounds=None)
+
+    commands.add_parser(
+        "bench",
+        help="measure tskv against the ZeroMQ ceiling and a threaded baseline",
+        add_help=False,
+    )
+
+    keys = commands.add_parser("keys", help="manage CURVE key pairs")
+    key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    generate = key_commands.add_parser(
+        "generate",
+        help="write a key pair as ZeroMQ certificate files",
+        description="Write DIR/NAME.key (public: give it to the other side) and "
+        "DIR/NAME.key_secret (readable by its owner only).",
+    )
+    generate.add_argument("directory", metavar="DIR")
+    generate.add_argument("--name", default="tskv", help="file name stem (tskv)")
+    return parser
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    """Run one subcommand under the CLI's single Ctrl-C and error policy."""
+    command = COMMANDS[name]
+    try:
+        status: int = trio.run(command.main, args)
+    except KeyboardInterrupt:
+        if command.ENDS_WITH_CTRL_C:
+            return 0
+        print(f"\ntskv {name}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as exc:
+        print(f"tskv {name}: {exc}", file=sys.stderr)
+        return 2
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from tskv.bench import main as bench
+
+        return bench(argv[1:])
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    # The library only logs; the command shows its warnings (losses, refusals) on stderr.
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+    return run(args.command, args)

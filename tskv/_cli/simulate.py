@@ -1,0 +1,89 @@
+"""`tskv simulate`: simulated schedulers publishing for an external consumer until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import AsyncExitStack
+from typing import TextIO
+
+import attrs
+import trio
+
+from tskv._cli.options import sim_options
+from tskv.config import KVEventsConfig
+from tskv.publisher import Publisher, open_publisher
+from tskv.security import server_security
+from tskv.sim import SchedulerLoop, SimOptions, check_options
+
+ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end
+
+
+def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
+    """The publisher config `tskv simulate` runs with: --kv-events-config, then the flags."""
+    base = KVEventsConfig()
+    if args.kv_events_config is not None:
+        base = KVEventsConfig.from_json(args.kv_events_config)
+    flags = {
+        "endpoint": args.endpoint,
+        "replay_endpoint": args.replay_endpoint,
+        "curve_secret_key": args.curve_secret_key,
+        "curve_clients": args.curve_clients,
+        "curve_allow_any_client": args.curve_allow_any_client or None,
+        "wire_format": args.wire_format,
+    }
+    changes = {key: value for key, value in flags.items() if value is not None}
+    if "curve_clients" in changes:
+        changes["curve_allow_any_client"] = False
+    if changes.get("curve_allow_any_client"):
+        changes["curve_clients"] = None
+    return attrs.evolve(base, **changes)
+
+
+async def main(args: argparse.Namespace) -> int:
+    config = simulate_config(args)
+    server_security(config)  # read the key files now, to report a bad one before starting
+    await simulate(sim_options(args), config)
+    return 0
+
+
+@trio.lowlevel.enable_ki_protection  # Ctrl-C lands at a checkpoint, so the summary is printed
+async def simulate(
+    options: SimOptions,
+    config: KVEventsConfig,
+    out: TextIO = sys.stdout,
+    *,
+    task_status: trio.TaskStatus[list[Publisher]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Publish the simulated schedulers' events for an external consumer until done.
+
+    With `await nursery.start(simulate, ...)`, the publishers are handed back once they are
+    open, so a test or a tool can point consumers at them.
+    """
+    check_options(options)
+    loop: SchedulerLoop | None = None
+    try:
+        async with AsyncExitStack() as stack:
+            publishers = [
+                await stack.enter_async_context(open_publisher(config, rank))
+                for rank in range(options.ranks)
+            ]
+            loop = SchedulerLoop(options, publishers)
+            for rank, publisher in enumerate(publishers):
+                replay = publisher.replay_endpoint
+                print(
+                    f"rank {rank}: publishing on {publisher.endpoint}"
+                    + (f", replay on {replay}" if replay else ""),
+                    file=out,
+                    flush=True,
+                )
+            task_status.started(publishers)
+            await loop.run()
+    finally:
+        if loop is not None:
+            batches = sum(rank.batches for rank in loop.ranks)
+            print(
+                f"tskv simulate: {loop.rounds} rounds, {batches} batches published",
+                file=out,
+                flush=True,
+            )
