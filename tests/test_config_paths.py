@@ -22,7 +22,7 @@ from tests.zmq_helpers import LOOPBACK
 from tskv import EventPublisherFactory, KVEventsConfig, ZmqEventPublisher
 from tskv._cli import build_parser
 from tskv._cli.simulate import simulate, simulate_config
-from tskv.security import generate_keys
+from tskv.key_files import generate_keys
 from tskv.sim import SimOptions
 from tskv.testing import open_simulated_stream
 

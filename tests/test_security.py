@@ -19,17 +19,10 @@ from hypothesis import strategies as st
 import tskv
 from tests.processes import killed_after
 from tskv import BlockRemoved, ConfigError, KVEventsConfig, Loss
+from tskv.curve import exposed_addresses, warn_if_exposed, zap_reply
+from tskv.key_files import KeyFileError, generate_keys, load_key_pair, load_public_key
 from tskv.replay_limits import Peer, RequestGate
-from tskv.security import (
-    KeyFileError,
-    exposed_addresses,
-    generate_keys,
-    load_key_pair,
-    load_public_key,
-    server_security,
-    warn_if_exposed,
-    zap_reply,
-)
+from tskv.security import server_security
 
 LOOPBACK = "tcp://127.0.0.1:*"
 

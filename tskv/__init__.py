@@ -4,6 +4,7 @@ from tskv.codec import WireError, codec_name, decode_batch, encode_batch
 from tskv.config import ConfigError, KVEventsConfig
 from tskv.endpoints import EndpointError, offset_endpoint_port
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.key_files import KeyFileError
 from tskv.publisher import (
     Publisher,
     PublisherClosedError,
@@ -11,7 +12,6 @@ from tskv.publisher import (
     open_publisher,
 )
 from tskv.scheduler import drain_scheduler_kv_events, scheduler_kv_event_to_wire_event
-from tskv.security import KeyFileError
 from tskv.sequencer import Loss, LossReason
 from tskv.subscriber import Subscriber, SubscriberStatistics, open_subscriber
 from tskv.threaded import (

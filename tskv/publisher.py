@@ -29,14 +29,16 @@ from tskv._constructor import NoPublicConstructor
 from tskv._monitor import SocketMonitor
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, open_socket
+from tskv._zap import ZapHandler
 from tskv.codec import DroppedFields, codec_name, encode_round
 from tskv.config import KVEventsConfig
+from tskv.curve import warn_if_exposed
 from tskv.endpoints import offset_endpoint_port, should_bind
 from tskv.events import KVEvent
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer
 from tskv.replay_server import Outcome, Received, ReplayServer
-from tskv.security import ZapHandler, server_security, warn_if_exposed
+from tskv.security import server_security
 
 logger = logging.getLogger("tskv")
 

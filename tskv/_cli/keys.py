@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tskv.security import generate_keys
+from tskv.key_files import generate_keys
 
 ENDS_WITH_CTRL_C = False
 
