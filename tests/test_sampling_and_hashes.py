@@ -73,7 +73,7 @@ def test_n_1_leaves_the_request_as_it_is() -> None:
 def test_sampling_params_are_checked() -> None:
     with pytest.raises(SamplingSeedError):
         SamplingParams(-1)
-    with pytest.raises(ValueError, match="n = 0"):
+    with pytest.raises(ValueError, match=r"n \(choices per request\) = 0"):
         SamplingParams(None, 0)
 
 

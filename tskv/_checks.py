@@ -9,10 +9,17 @@ from __future__ import annotations
 import math
 
 
-def int_at_least(name: str, value: object, lowest: int, error: type[Exception] = ValueError) -> int:
-    """`value` if it is an int (not a bool) of at least `lowest`."""
+def int_at_least(
+    name: str,
+    value: object,
+    lowest: int,
+    error: type[Exception] = ValueError,
+    type_error: type[Exception] | None = None,
+) -> int:
+    """`value` if it is an int (not a bool) of at least `lowest`; a value of another type
+    raises `type_error` (by default the same `error`)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise error(f"{name} = {value!r}: must be an integer")
+        raise (type_error or error)(f"{name} = {value!r}: must be an integer")
     if value < lowest:
         raise error(f"{name} = {value}: must be at least {lowest}")
     return value

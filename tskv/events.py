@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import attrs
 
+from tskv._checks import int_at_least
 from tskv._msgspec import msgspec
 
 if TYPE_CHECKING:
@@ -223,13 +224,6 @@ def _optional(where: str, value: object, kind: type | tuple[type, ...]) -> None:
         raise TypeError(f"{where} = {value!r} must be {names} or None")
 
 
-def _int_at_least(where: str, value: object, lowest: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where} must be an int, got {value!r}")
-    if value < lowest:
-        raise ValueError(f"{where} = {value} must be at least {lowest}")
-
-
 def check_event(where: str, event: object) -> None:
     """Check every value of one event, naming the first bad one (`where` says which event)."""
     if isinstance(event, BlockStored):
@@ -237,7 +231,7 @@ def check_event(where: str, event: object) -> None:
         if event.parent_block_hash is not None:
             _ints(f"{where}.parent_block_hash", [event.parent_block_hash], HASH_MIN, HASH_LIMIT)
         _ints(f"{where}.token_ids", event.token_ids, TOKEN_MIN, TOKEN_LIMIT)
-        _int_at_least(f"{where}.block_size", event.block_size, 1)
+        int_at_least(f"{where}.block_size", event.block_size, 1, type_error=TypeError)
         _optional(f"{where}.lora_id", event.lora_id, int)
         _optional(f"{where}.lora_name", event.lora_name, str)
         _optional(f"{where}.kv_cache_spec_kind", event.kv_cache_spec_kind, str)
@@ -254,7 +248,7 @@ def check_event(where: str, event: object) -> None:
         _optional(f"{where}.medium", event.medium, str)
         _optional(f"{where}.locality", event.locality, str)
         if event.group_idx is not None:
-            _int_at_least(f"{where}.group_idx", event.group_idx, 0)
+            int_at_least(f"{where}.group_idx", event.group_idx, 0, type_error=TypeError)
 
 
 def check_events(events: Iterable[object]) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 import attrs
 
+from tskv._checks import int_at_least
+
 SEED_LIMIT = 2**64
 
 
@@ -47,8 +49,7 @@ def _prompt(values: Iterable[int]) -> tuple[int, ...]:
 
 
 def _check_n(_: object, __: object, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"n = {value!r} must be an int of at least 1 (choices per request)")
+    int_at_least("n (choices per request)", value, 1)
 
 
 @attrs.frozen
