@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import trio
 import trio.testing
+import zmq
 
 import tskv
 from tests.zmq_helpers import LOOPBACK
@@ -125,13 +126,15 @@ async def test_a_publisher_restarted_on_the_same_endpoints_is_followed_from_its_
     losses: list[Loss] = []
     # The subscriber binds loopback and each run of the publisher connects to it, as a
     # restarted engine would; the replay ROUTER is bound on the same port both times.
-    first = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
-    async with tskv.open_publisher(first) as probe:
-        replay_endpoint = probe.replay_endpoint  # a port the OS picked, free again below
-    assert replay_endpoint is not None
+    # A port for replay, held until the first publisher takes it, so that nothing else (the
+    # subscriber's own bind, say) can be given it meanwhile.
+    reservation = zmq.Context.instance().socket(zmq.ROUTER)
+    reservation.bind(LOOPBACK)
+    replay_endpoint = reservation.getsockopt(zmq.LAST_ENDPOINT).decode()
     async with tskv.open_subscriber(LOOPBACK, replay_endpoint, on_loss=losses.append) as sub:
         assert sub.endpoint.startswith("tcp://127.0.0.1:") and "*" not in sub.endpoint
         config = KVEventsConfig(endpoint=sub.endpoint, replay_endpoint=replay_endpoint)
+        reservation.close(linger=0)
         async with tskv.open_publisher(config) as publisher:
             with trio.fail_after(10):
                 await publisher.wait_for_subscriber()
