@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import trio
 import trio.testing
-import zmq
 
 import tskv
 from tests.zmq_helpers import LOOPBACK
@@ -122,19 +123,17 @@ async def test_evicted_batches_are_reported_through_on_loss() -> None:
     assert sub.statistics().lost == 20
 
 
-async def test_a_publisher_restarted_on_the_same_endpoints_is_followed_from_its_seq_0() -> None:
+async def test_a_publisher_restarted_on_the_same_endpoints_is_followed_from_its_seq_0(
+    tmp_path: Path,
+) -> None:
     losses: list[Loss] = []
     # The subscriber binds loopback and each run of the publisher connects to it, as a
-    # restarted engine would; the replay ROUTER is bound on the same port both times.
-    # A port for replay, held until the first publisher takes it, so that nothing else (the
-    # subscriber's own bind, say) can be given it meanwhile.
-    reservation = zmq.Context.instance().socket(zmq.ROUTER)
-    reservation.bind(LOOPBACK)
-    replay_endpoint = reservation.getsockopt(zmq.LAST_ENDPOINT).decode()
+    # restarted engine would; replay is on an ipc path both runs bind in turn (a tcp port freed
+    # between the two could be handed to another process meanwhile).
+    replay_endpoint = f"ipc://{tmp_path}/replay"
     async with tskv.open_subscriber(LOOPBACK, replay_endpoint, on_loss=losses.append) as sub:
         assert sub.endpoint.startswith("tcp://127.0.0.1:") and "*" not in sub.endpoint
         config = KVEventsConfig(endpoint=sub.endpoint, replay_endpoint=replay_endpoint)
-        reservation.close(linger=0)
         async with tskv.open_publisher(config) as publisher:
             with trio.fail_after(10):
                 await publisher.wait_for_subscriber()

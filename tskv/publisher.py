@@ -124,6 +124,7 @@ class Publisher(metaclass=NoPublicConstructor):
         self._yielded_at = time.perf_counter()
         self._subscriptions = 0
         self._subscription_change = trio.lowlevel.ParkingLot()
+        self._in_hand: list[bytes | None] = []  # what the idle race has taken off the queue
         # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
         # is set when the block is left, which bounds the drain.
         self._publish_scope = trio.CancelScope(shield=True)
@@ -292,10 +293,11 @@ class Publisher(metaclass=NoPublicConstructor):
                 return self._receive.receive_nowait()
             except trio.WouldBlock:
                 pass
-            got: list[bytes | None] = []  # None: the channel was closed
+            got = self._in_hand = []  # None: the channel was closed
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._take_one, got, nursery.cancel_scope)
                 nursery.start_soon(self._watch_socket, nursery.cancel_scope)
+            self._in_hand = []
             if got:
                 if got[0] is None:
                     raise trio.EndOfChannel
@@ -342,10 +344,11 @@ class Publisher(metaclass=NoPublicConstructor):
                     else:
                         await trio.lowlevel.checkpoint()  # a full burst: let other tasks run
         finally:
-            # However this task ends, what is still queued is counted before close drops it.
+            # However this task ends, what is still queued is counted before close drops it, and
+            # so is a batch taken off the queue by a race that ended in an error.
             left = self._receive.statistics().current_buffer_used
             self._receive.close()
-            self._unsent += left
+            self._unsent += left + sum(payload is not None for payload in self._in_hand)
             self._log_close()
 
     def _log_close(self) -> None:
