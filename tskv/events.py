@@ -3,8 +3,8 @@
 A scheduler builds new events every round, so building one costs what a msgspec Struct costs
 (with msgspec installed they are Structs; without it, slotted attrs classes with the same
 fields): the values you pass are kept as they are, nothing is copied or walked. They are checked
-when the round is published: each event's kind, containers and scalars always (a few attribute
-reads per event), and every hash and token id in strict mode (`KVEventsConfig.strict`), which
+when the round is published: each event's kind always, whatever the encoder cannot hold (then
+`check_events` names the field), and every value in strict mode (`KVEventsConfig.strict`), which
 tests and tskv.testing turn on; docs/performance.md gives what each costs. A decoder checks
 everything, always.
 """
