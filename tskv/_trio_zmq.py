@@ -20,7 +20,7 @@ import zmq
 
 Frames = Sequence[Any]
 
-# Plain ints: combining pyzmq's enum flags per frame costs more than the send on a hot path.
+# Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself.
 _MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _LAST = int(zmq.NOBLOCK)
 
@@ -79,7 +79,7 @@ class TrioSocket:
         """Take a whole message now, or raise trio.WouldBlock having taken nothing."""
         self._check_open()
         try:
-            return self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            return self.sock.recv_multipart(flags=_LAST)
         except zmq.Again:
             raise trio.WouldBlock from None
 
@@ -87,7 +87,7 @@ class TrioSocket:
         """Like receive_nowait, as zmq.Frame objects: they carry the message's properties."""
         self._check_open()
         try:
-            return self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            return self.sock.recv_multipart(flags=_LAST, copy=False)
         except zmq.Again:
             raise trio.WouldBlock from None
 

@@ -15,6 +15,7 @@ to start one seq early, at the last batch delivered, and compares.
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import attrs
 
@@ -53,8 +54,7 @@ class Loss:
         return None if self.last_seq is None else self.last_seq - self.first_seq + 1
 
 
-@attrs.frozen
-class Deliver:
+class Deliver(NamedTuple):  # one per batch: a tuple is the cheapest value to make
     seq: int
     payload: bytes
     from_replay: bool
