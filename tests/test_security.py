@@ -327,14 +327,18 @@ async def test_replay_limits_hold_under_a_burst_from_many_clients(bursts: list[i
                 if count:
                     assert ends >= 1
                 assert replies <= 50 * (config.replay_burst + 3)  # capped per served request
+            with trio.fail_after(10):
+                while publisher.statistics().replays_running:  # noqa: ASYNC110
+                    await trio.sleep(0.01)  # the last replays end: visible only in statistics
+            stats = publisher.statistics()
         finally:
             for dealer in dealers:
                 dealer.close(linger=0)
-    total = 3 * sum(bursts)
-    assert stats.replay_requests == total
-    served = stats.replays_completed + stats.replays_abandoned
-    assert stats.replays_refused + served <= total
-    assert stats.replays_refused >= total - len(bursts) * (config.replay_burst + 3)
+    # How many the token buckets refuse depends on the clock (exact counts are in
+    # test_replay_server.py); where every request went does not.
+    assert stats.replay_requests == 3 * sum(bursts)
+    ended = stats.replays_completed + stats.replays_abandoned + stats.replays_superseded
+    assert stats.replays_refused + ended == stats.replay_requests
 
 
 def test_keys_generate_then_an_encrypted_simulate_and_listen_pair(tmp_path: Path) -> None:

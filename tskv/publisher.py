@@ -77,6 +77,8 @@ class PublisherStatistics:
     replays_completed: int
     replays_abandoned: int
     replays_refused: int
+    replays_superseded: int  # ended by the same client's next request
+    replays_running: int  # requests == refused + completed + abandoned + superseded + running
     batches_replayed: int
     invalid_requests: int
     subscriptions: int
@@ -216,6 +218,8 @@ class Publisher(metaclass=NoPublicConstructor):
             replays_completed=0 if replay is None else replay.completed,
             replays_abandoned=0 if replay is None else replay.abandoned,
             replays_refused=0 if replay is None else replay.refused,
+            replays_superseded=0 if replay is None else replay.superseded,
+            replays_running=0 if self._replay is None else self._replay[2].active,
             batches_replayed=0 if replay is None else replay.batches,
             invalid_requests=0 if replay is None else replay.invalid,
             subscriptions=self._subscriptions,

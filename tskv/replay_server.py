@@ -70,10 +70,14 @@ class _Job:
 
 @attrs.define
 class ReplayStatistics:
+    """Every request ends one way: requests == refused + completed + abandoned + superseded +
+    the replays still running."""
+
     requests: int = 0
     completed: int = 0
     abandoned: int = 0
     refused: int = 0
+    superseded: int = 0  # ended by the same client's next request (served or refused)
     batches: int = 0
     invalid: int = 0
 
@@ -110,6 +114,7 @@ class ReplayServer:
         refusal = self._gate.refusal(peer, len(self._jobs), active)
         if refusal is not None:
             self.statistics.refused += 1
+            self.statistics.superseded += active
             self._end_job(client)
             if len(self._one_offs) < MAX_ONE_OFFS:
                 end = frames.replay_end(client, self._topic, refusal)
@@ -118,7 +123,9 @@ class ReplayServer:
         # A client asking again replaces its earlier replay: it wants this one now.
         first = self._buffer.first_at_or_after(start_seq)
         stop = self._gate.stop_seq(first, self._buffer.next_seq)
-        if not active:
+        if active:
+            self.statistics.superseded += 1
+        else:
             self._turns.append(client)
         self._jobs[client] = _Job(client, first, stop, self._clock())
         return Received(Outcome.SERVED)
