@@ -27,6 +27,7 @@ from tskv.events import KVEventBatch
 from tskv.publisher import Publisher, PublisherClosedError, PublisherStatistics, open_publisher
 
 logger = logging.getLogger("tskv")
+_DEFAULTS = KVEventsConfig()  # TokenSpeed's positional defaults are the config's, defined once
 
 
 class PublisherFailedError(PublisherClosedError):
@@ -57,12 +58,12 @@ class ZmqEventPublisher:
     def __init__(
         self,
         attn_dp_rank: int,
-        endpoint: str = "tcp://*:5557",
-        replay_endpoint: str | None = None,
-        buffer_steps: int = 10_000,
-        hwm: int = 100_000,
-        max_queue_size: int = 100_000,
-        topic: str = "",
+        endpoint: str = _DEFAULTS.endpoint,
+        replay_endpoint: str | None = _DEFAULTS.replay_endpoint,
+        buffer_steps: int = _DEFAULTS.buffer_steps,
+        hwm: int = _DEFAULTS.hwm,
+        max_queue_size: int = _DEFAULTS.max_queue_size,
+        topic: str = _DEFAULTS.topic,
         *,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         **options: Any,
