@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -48,3 +49,32 @@ async def background_tasks() -> AsyncIterator[trio.Nursery]:
                 yield nursery
             finally:
                 nursery.cancel_scope.cancel()
+
+
+class Pacer:
+    """When a call that seldom has to wait should still let other tasks run.
+
+    Yielding on every publish() or every received batch costs more than the work itself, and a
+    caller doing one per scheduling round yields elsewhere anyway; so such calls are always a
+    cancellation point, and a schedule point at least every `every` calls or `after` seconds.
+    """
+
+    def __init__(self, every: int = 64, after: float = 0.0005) -> None:
+        self.every = every
+        self.after = after
+        self._calls = 0
+        self._since = time.perf_counter()
+
+    def due(self) -> bool:
+        """Count one call; True when it is time to let other tasks run."""
+        self._calls += 1
+        return self._calls >= self.every or time.perf_counter() - self._since > self.after
+
+    async def yield_now(self) -> None:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        self.waited()
+
+    def waited(self) -> None:
+        """Other tasks just ran (the call had to wait): start counting again."""
+        self._calls = 0
+        self._since = time.perf_counter()

@@ -24,7 +24,7 @@ import trio
 import zmq
 
 from tskv import frames
-from tskv._background import background_tasks
+from tskv._background import Pacer, background_tasks
 from tskv._constructor import NoPublicConstructor
 from tskv._monitor import SocketMonitor
 from tskv._ratelimit import LogLimiter
@@ -48,8 +48,6 @@ SENDS_PER_TURN = 256  # ...and replies sent: a flood of either cannot hold up li
 REPLAY_PIPE = 128  # replies ZeroMQ queues per replay client, whatever `hwm` is
 MAX_SUBSCRIPTION_BYTES = 4096  # a larger subscription frame disconnects its sender
 ZERO_COPY_BYTES = 65536  # pyzmq copies smaller frames anyway; zero-copy pays above this
-YIELD_EVERY = 64  # publish() yields to other tasks at least this often...
-YIELD_AFTER = 0.0005  # ...and at least this often (seconds), whichever comes first
 CURVE_HINT = (
     "a subscriber needs this publisher's public key (curve_server_key) and, with "
     "curve_clients, a key on the allow list; a clear-text subscriber cannot connect"
@@ -122,8 +120,7 @@ class Publisher(metaclass=NoPublicConstructor):
         self._accepted = 0
         self._published = 0
         self._unsent = 0
-        self._unyielded = 0
-        self._yielded_at = time.perf_counter()
+        self._pacer = Pacer()
         self._subscriptions = 0
         self._subscription_change = trio.lowlevel.ParkingLot()
         self._in_hand: list[bytes | None] = []  # what the idle race has taken off the queue
@@ -150,7 +147,7 @@ class Publisher(metaclass=NoPublicConstructor):
 
         An empty round publishes nothing (it would only burn a seq). Every call is a
         cancellation point; it yields to other tasks when it must wait, and otherwise at least
-        every YIELD_EVERY calls or YIELD_AFTER seconds: yielding on every call would cost more
+        every 64 calls or 0.5 ms (`Pacer`): yielding on every call would cost more
         than the publish itself, and a scheduler publishing once per round yields elsewhere.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -164,14 +161,8 @@ class Publisher(metaclass=NoPublicConstructor):
             except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
                 raise self._closed_error() from None
             self._accepted += 1
-        self._unyielded += 1
-        if self._unyielded >= YIELD_EVERY or time.perf_counter() - self._yielded_at > YIELD_AFTER:
-            await self._yield()
-
-    async def _yield(self) -> None:
-        self._unyielded = 0
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        self._yielded_at = time.perf_counter()
+        if self._pacer.due():
+            await self._pacer.yield_now()
 
     async def _send_waiting(self, payload: bytes) -> None:
         try:
@@ -179,8 +170,7 @@ class Publisher(metaclass=NoPublicConstructor):
         except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
         self._accepted += 1
-        self._unyielded = 0
-        self._yielded_at = time.perf_counter()
+        self._pacer.waited()
 
     @trio.lowlevel.enable_ki_protection
     def publish_nowait(self, events: Iterable[KVEvent]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,7 +20,7 @@ import trio
 import zmq
 
 from tskv import frames
-from tskv._background import background_tasks
+from tskv._background import Pacer, background_tasks
 from tskv._checks import int_at_least, number_at_least
 from tskv._constructor import NoPublicConstructor
 from tskv._monitor import SocketMonitor
@@ -45,8 +44,6 @@ logger = logging.getLogger("tskv")
 
 INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
 LIVE_BURST = 64  # live messages taken off the socket in one go
-YIELD_EVERY = 64  # __anext__ lets other tasks run at least this often...
-YIELD_AFTER = 0.0005  # ...and at least this often (seconds), whichever comes first
 REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
 SERVER_HINT = (
     "check that curve_server_key is this publisher's public key and that the publisher "
@@ -136,8 +133,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._restarts = 0
         self._undecodable = 0
         self._replay_requests = 0
-        self._unyielded = 0
-        self._yielded_at = time.perf_counter()
+        self._pacer = Pacer()
 
     def statistics(self) -> SubscriberStatistics:
         return SubscriberStatistics(
@@ -160,7 +156,7 @@ class Subscriber(metaclass=NoPublicConstructor):
 
     async def __anext__(self) -> tuple[int, KVEventBatch]:
         """The next batch. Always a cancellation point; it lets other tasks run when it must
-        wait, and otherwise at least every YIELD_EVERY batches or YIELD_AFTER seconds, as
+        wait, and otherwise at least every 64 batches or 0.5 ms (`Pacer`), as
         publish() does: a schedule point per batch would cost more than decoding it."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
@@ -180,19 +176,14 @@ class Subscriber(metaclass=NoPublicConstructor):
                     continue
                 self._delivered += 1
                 self._repaired += item.from_replay
-                self._unyielded += 1
-                now = time.perf_counter()
-                if self._unyielded >= YIELD_EVERY or now - self._yielded_at > YIELD_AFTER:
-                    self._unyielded = 0
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    self._yielded_at = time.perf_counter()
+                if self._pacer.due():
+                    await self._pacer.yield_now()
                 return item.seq, batch
             try:
                 inbound = await self._inbox.receive()
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 raise StopAsyncIteration from None
-            self._unyielded = 0
-            self._yielded_at = time.perf_counter()
+            self._pacer.waited()
             if isinstance(inbound, _Live):
                 for message in inbound.messages:
                     self._apply(self._take_live(message))
