@@ -53,6 +53,7 @@ def every_key_changed(tmp_path: Path) -> KVEventsConfig:
         "replay_burst": 6,
         "replay_client_timeout": 2.5,
         "shutdown_timeout": 0.75,
+        "snapshots": False,
     }
     missing = sorted(tskv.config.field_names() - set(values))
     assert not missing, f"give these new keys a non-default value here: {missing}"

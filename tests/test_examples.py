@@ -54,4 +54,4 @@ def test_the_testing_guide_example_passes_in_a_project_of_its_own(tmp_path: Path
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "9 passed" in result.stdout
+    assert "10 passed" in result.stdout

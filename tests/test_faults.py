@@ -43,6 +43,7 @@ async def test_dropped_batches_come_back_from_replay(tskv_scripted: ScriptedPubl
 async def test_a_buffer_that_no_longer_covers_the_gap_is_a_loss(
     tskv_scripted: ScriptedPublisher,
 ) -> None:
+    tskv_scripted.snapshots = False  # as TokenSpeed's publisher: replay only
     losses: list[Loss] = []
     async with tskv.open_subscriber(
         tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
@@ -196,6 +197,7 @@ def test_sync_fixture_drives_a_consumer_in_another_thread(
     tskv_scripted_sync: ScriptedPublisherThread,
 ) -> None:
     tskv_scripted_sync.replay_layout = "vllm"
+    tskv_scripted_sync.snapshots = False
     losses: list[Loss] = []
 
     async def consume() -> list[int]:  # a consumer with its own event loop, as in a real app

@@ -40,7 +40,7 @@ def test_gap_is_repaired_from_replay_before_later_live_batches() -> None:
 
 
 def test_evicted_batches_are_reported_then_delivery_continues() -> None:
-    s = Sequencer(has_replay=True)
+    s = Sequencer(has_replay=True, snapshots=False)
     s.live(0, p(0))
     s.live(10, p(10))
     actions = s.replayed(1, 7, p(7)) + s.replayed(1, 8, p(8)) + s.replayed(1, 9, p(9))
@@ -49,7 +49,7 @@ def test_evicted_batches_are_reported_then_delivery_continues() -> None:
 
 
 def test_replay_with_nothing_for_the_hole_reports_it_at_the_end() -> None:
-    s = Sequencer(has_replay=True)
+    s = Sequencer(has_replay=True, snapshots=False)
     s.live(0, p(0))
     s.live(5, p(5))
     actions = s.replay_ended(1)
@@ -173,7 +173,7 @@ def test_a_new_sequence_already_past_ours_is_told_apart_by_replay() -> None:
 
 
 def test_when_our_last_batch_is_evicted_the_gap_is_reported_not_spliced_silently() -> None:
-    s = Sequencer(has_replay=True)
+    s = Sequencer(has_replay=True, snapshots=False)
     for seq in range(20):
         s.live(seq, p(seq))
     s.live(5000, p(5000))
@@ -239,7 +239,7 @@ def test_every_seq_is_delivered_once_or_reported_lost(
 ) -> None:
     """A simulated publisher: live seqs minus `dropped`, a replay buffer of the last `buffer`
     seqs, and replay requests answered only after `lag` more batches went out."""
-    s = Sequencer(has_replay=has_replay, max_held=max_held)
+    s = Sequencer(has_replay=has_replay, snapshots=False, max_held=max_held)
     out: list[Deliver | Loss] = []
     requests: list[tuple[int, RequestReplay]] = []  # (published when it may be served, request)
     let_go: set[int] = set()  # live batches the full hold did not keep
@@ -351,5 +351,8 @@ def test_every_kind_of_loss_is_logged_and_shown_readably(
     shown = format_loss(loss)
     if reason is LossReason.RESTART:
         assert "expected seq 9, got seq 0" in message and "now at seq 0" in shown
+    elif reason is LossReason.SNAPSHOT:
+        assert "3..5" in message and "snapshot" in message
+        assert "3..5 (snapshot)" in shown and "restored" in shown
     else:
         assert f"3..5 ({reason.value})" in message and f"3..5 ({reason.value})" in shown

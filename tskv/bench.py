@@ -500,10 +500,11 @@ def shutdown_time(full: bool) -> float:
         config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
         async with open_publisher(config) as publisher:
             if full:
-                payload = encode_round(time.time(), make(), 0)
+                events = make()
+                payload = encode_round(time.time(), events, 0)
                 assert payload is not None
                 for _ in range(config.max_queue_size):  # fill without a checkpoint
-                    publisher.publish_encoded_nowait(payload)
+                    publisher.publish_encoded_nowait(payload, events)
             else:
                 await trio.sleep(0.05)
             started = time.perf_counter()

@@ -103,6 +103,7 @@ class KVEventsConfig:
     replay_burst: int = attrs.field(default=40, validator=_integer(1))
     replay_client_timeout: float = attrs.field(default=5.0, validator=_number(0, above=True))
     shutdown_timeout: float = attrs.field(default=1.0, validator=_number(0))
+    snapshots: bool = attrs.field(default=True, validator=_of_type(bool))  # served on replay
 
     def __attrs_post_init__(self) -> None:
         if self.curve_secret_key is None:

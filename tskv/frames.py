@@ -14,6 +14,11 @@ _SEQ = struct.Struct(">Q")
 END_SEQ = 2**64 - 1
 END_FRAME = b"\xff" * 8  # -1 as a signed 8-byte int marks the end of a replay
 MAX_REQUEST_BYTES = 1024  # no replay request frame needs more; larger ones disconnect the peer
+# A snapshot request is a replay request whose start_seq frame is this mark and then
+# ff..ff: a publisher that knows no snapshots reads a start past every seq it has, and ends
+# the replay at once. Snapshot parts carry the mark as their first frame.
+SNAPSHOT_MARK = b"tskv-snapshot"
+SNAPSHOT_REQUEST = SNAPSHOT_MARK + END_FRAME
 
 
 class FrameError(ValueError):
@@ -52,13 +57,20 @@ def replay_request(start_seq: int) -> list[bytes]:
     return [b"", _SEQ.pack(start_seq)]
 
 
-def parse_replay_request(frames: list[bytes]) -> tuple[bytes, int]:
-    """`[client, "", start_seq]` as a ROUTER sees it; returns (client, start_seq)."""
+def snapshot_request() -> list[bytes]:
+    return [b"", SNAPSHOT_REQUEST]
+
+
+def parse_replay_request(frames: list[bytes]) -> tuple[bytes, int | None]:
+    """`[client, "", start_seq]` as a ROUTER sees it; returns (client, start_seq), with
+    start_seq None for a snapshot request."""
     if len(frames) != 3 or frames[1] != b"":
         shape = ", ".join(f"{len(frame)}B" for frame in frames[:6])
         raise FrameError(
             f"replay request must be [client, '', start_seq], got {len(frames)} frames ({shape})"
         )
+    if frames[2] == SNAPSHOT_REQUEST:
+        return bytes(frames[0]), None
     return bytes(frames[0]), unpack_seq(frames[2])
 
 
@@ -67,6 +79,12 @@ def replay_reply(client: bytes, seq: int, payload: bytes, topic: bytes | None) -
     if topic is None:
         return [client, b"", _SEQ.pack(seq), payload]
     return [client, b"", topic, _SEQ.pack(seq), payload]
+
+
+def snapshot_part(client: bytes, next_seq: int, index: int, payload: bytes) -> list[bytes]:
+    """Part `index` of a snapshot of the state before `next_seq`; the usual end marker follows
+    the last part. Five frames after the client's: no replay reply has that many."""
+    return [client, b"", SNAPSHOT_MARK, _SEQ.pack(next_seq), _SEQ.pack(index), payload]
 
 
 def replay_end(client: bytes, topic: bytes | None, refusal: str = "") -> list[bytes]:
@@ -97,16 +115,30 @@ class ReplayReply:
         return self.payload.decode("utf-8", "replace")
 
 
-def parse_replay_reply(frames: list[bytes]) -> ReplayReply:
-    """Read `["", seq, payload]` (TokenSpeed, tskv) or `["", topic, seq, payload]` (vLLM)."""
+@attrs.frozen
+class SnapshotPart:
+    """One part of a snapshot: batches that rebuild the state before `next_seq`."""
+
+    next_seq: int
+    index: int
+    payload: bytes
+
+
+def parse_replay_reply(frames: list[bytes]) -> ReplayReply | SnapshotPart:
+    """Read `["", seq, payload]` (TokenSpeed, tskv), `["", topic, seq, payload]` (vLLM), or
+    a snapshot part `["", "tskv-snapshot", next_seq, index, payload]`."""
+    if len(frames) == 5 and frames[0] == b"" and frames[1] == SNAPSHOT_MARK:
+        if len(frames[2]) != 8 or len(frames[3]) != 8:
+            raise FrameError("snapshot part's next_seq and index frames must be 8 bytes")
+        return SnapshotPart(_SEQ.unpack(frames[2])[0], _SEQ.unpack(frames[3])[0], bytes(frames[4]))
     if len(frames) == 3 and frames[0] == b"":
         seq_frame, payload = frames[1], frames[2]
     elif len(frames) == 4 and frames[0] == b"":
         seq_frame, payload = frames[2], frames[3]
     else:
         raise FrameError(
-            f"replay reply must be ['', seq, payload] or ['', topic, seq, payload], "
-            f"got {len(frames)} frames"
+            f"replay reply must be ['', seq, payload], ['', topic, seq, payload] or a "
+            f"snapshot part, got {len(frames)} frames"
         )
     if len(seq_frame) != 8:
         raise FrameError(f"replay seq frame must be 8 bytes, got {len(seq_frame)}")

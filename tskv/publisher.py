@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
@@ -39,9 +39,11 @@ from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer
 from tskv.replay_server import Outcome, Received, ReplayServer
 from tskv.security import server_security
+from tskv.snapshot import CacheState, SnapshotBuilder
 
 logger = logging.getLogger("tskv")
 
+Queued = tuple[bytes, Sequence[KVEvent]]  # a batch's payload, and its events for the state
 SEND_BURST = 1024  # batches sent between two checkpoints of the publish task
 REQUESTS_PER_TURN = 64  # replay requests read between two checkpoints of the replay task...
 SENDS_PER_TURN = 256  # ...and replies sent: a flood of either cannot hold up live batches
@@ -98,6 +100,7 @@ class Publisher(metaclass=NoPublicConstructor):
         endpoint: str,
         replay: tuple[TrioSocket, str, ReplayServer] | None,
         buffer: ReplayBuffer,
+        state: CacheState | None,
         monitors: list[SocketMonitor],
         zap: ZapHandler | None,
         on_dequeue: Callable[[], object] | None,
@@ -109,12 +112,13 @@ class Publisher(metaclass=NoPublicConstructor):
         self._pub = pub
         self._replay = replay
         self._buffer = buffer
+        self._state = state  # what snapshots are made from; None when they are off
         self._monitors = monitors
         self._zap = zap
         self._on_dequeue = on_dequeue  # the threaded facade counts its slots with it
         self._topic = config.topic.encode()
         self._dropped = DroppedFields()
-        self._send, self._receive = trio.open_memory_channel[bytes](config.max_queue_size)
+        self._send, self._receive = trio.open_memory_channel[Queued](config.max_queue_size)
         self._invalid_log = LogLimiter()
         self._refusal_log = LogLimiter()
         self._accepted = 0
@@ -123,16 +127,18 @@ class Publisher(metaclass=NoPublicConstructor):
         self._pacer = Pacer()
         self._subscriptions = 0
         self._subscription_change = trio.lowlevel.ParkingLot()
-        self._in_hand: list[bytes | None] = []  # what the idle race has taken off the queue
+        self._in_hand: list[Queued | None] = []  # what the idle race has taken off the queue
         # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
         # is set when the block is left, which bounds the drain.
         self._publish_scope = trio.CancelScope(shield=True)
 
     # -- the scheduler's side ---------------------------------------------------------------
 
-    def _encode(self, events: Iterable[KVEvent]) -> bytes | None:
+    def _encode(self, events: Iterable[KVEvent]) -> Queued | None:
         config = self.config
-        return encode_round(
+        if type(events) is not list and type(events) is not tuple:
+            events = list(events)  # a generator, say: the state needs the events too
+        payload = encode_round(
             time.time(),
             events,
             self.dp_rank,
@@ -140,6 +146,7 @@ class Publisher(metaclass=NoPublicConstructor):
             strict=config.strict,
             dropped=self._dropped,
         )
+        return None if payload is None else (payload, events)
 
     @trio.lowlevel.enable_ki_protection  # a batch is either accepted or not, never half
     async def publish(self, events: Iterable[KVEvent]) -> None:
@@ -151,12 +158,12 @@ class Publisher(metaclass=NoPublicConstructor):
         than the publish itself, and a scheduler publishing once per round yields elsewhere.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        payload = self._encode(events)
-        if payload is not None:
+        queued = self._encode(events)
+        if queued is not None:
             try:
-                self._send.send_nowait(payload)
+                self._send.send_nowait(queued)
             except trio.WouldBlock:
-                await self._send_waiting(payload)
+                await self._send_waiting(queued)
                 return
             except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
                 raise self._closed_error() from None
@@ -164,9 +171,9 @@ class Publisher(metaclass=NoPublicConstructor):
         if self._pacer.due():
             await self._pacer.yield_now()
 
-    async def _send_waiting(self, payload: bytes) -> None:
+    async def _send_waiting(self, queued: Queued) -> None:
         try:
-            await self._send.send(payload)  # backpressure: wait for room, never drop
+            await self._send.send(queued)  # backpressure: wait for room, never drop
         except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
         self._accepted += 1
@@ -175,16 +182,17 @@ class Publisher(metaclass=NoPublicConstructor):
     @trio.lowlevel.enable_ki_protection
     def publish_nowait(self, events: Iterable[KVEvent]) -> None:
         """Queue one round now, or raise trio.WouldBlock if `max_queue_size` batches are queued."""
-        payload = self._encode(events)
-        if payload is not None:
-            self.publish_encoded_nowait(payload)
+        queued = self._encode(events)
+        if queued is not None:
+            self.publish_encoded_nowait(*queued)
 
     @trio.lowlevel.enable_ki_protection
-    def publish_encoded_nowait(self, payload: bytes) -> None:
+    def publish_encoded_nowait(self, payload: bytes, events: Sequence[KVEvent]) -> None:
         """Queue a batch payload encoded elsewhere (the threaded facade encodes in its caller's
-        thread), or raise trio.WouldBlock if `max_queue_size` batches are queued."""
+        thread) with the events it encodes, or raise trio.WouldBlock if `max_queue_size`
+        batches are queued."""
         try:
-            self._send.send_nowait(payload)
+            self._send.send_nowait((payload, events))
         except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
         self._accepted += 1
@@ -231,10 +239,13 @@ class Publisher(metaclass=NoPublicConstructor):
 
     # -- the publish task -------------------------------------------------------------------
 
-    def _emit(self, payload: bytes) -> list[bytes] | None:
+    def _emit(self, queued: Queued) -> list[bytes] | None:
         """Send one batch now; its message back if the PUB would block (a PUB drops at its HWM
         rather than block, so that is only a fallback)."""
+        payload, events = queued
         seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
+        if self._state is not None:
+            self._state.apply(events)  # with the seq, so a snapshot is the state at a seq
         message = frames.live_message(self._topic, seq, payload)
         try:
             self._pub.send_nowait(message, len(payload) < ZERO_COPY_BYTES)
@@ -268,7 +279,7 @@ class Publisher(metaclass=NoPublicConstructor):
         if changed:
             self._subscription_change.unpark_all()
 
-    async def _next_payload(self) -> bytes:
+    async def _next_payload(self) -> Queued:
         """The next queued payload; while idle, also keep track of subscriptions.
 
         Only this task touches the PUB socket, so it alone waits on the socket's fd: two child
@@ -298,7 +309,7 @@ class Publisher(metaclass=NoPublicConstructor):
                 return got[0]
 
     @trio.lowlevel.enable_ki_protection  # a child task is protected only if its own code is
-    async def _take_one(self, got: list[bytes | None], race: trio.CancelScope) -> None:
+    async def _take_one(self, got: list[Queued | None], race: trio.CancelScope) -> None:
         try:
             got.append(await self._receive.receive())
         except trio.EndOfChannel:
@@ -310,10 +321,10 @@ class Publisher(metaclass=NoPublicConstructor):
         await self._pub.wait(zmq.POLLIN)
         race.cancel()
 
-    def _dequeued(self, payload: bytes) -> bytes:
+    def _dequeued(self, queued: Queued) -> Queued:
         if self._on_dequeue is not None:
             self._on_dequeue()
-        return payload
+        return queued
 
     @trio.lowlevel.enable_ki_protection
     async def run_publish(self) -> None:
@@ -321,18 +332,18 @@ class Publisher(metaclass=NoPublicConstructor):
             with self._publish_scope:
                 while True:
                     try:
-                        payload = self._dequeued(await self._next_payload())
+                        queued = self._dequeued(await self._next_payload())
                     except trio.EndOfChannel:
                         break
-                    blocked = self._emit(payload)
+                    blocked = self._emit(queued)
                     if blocked is not None:
                         await self._emit_blocked(blocked)
                     for _ in range(SEND_BURST - 1):
                         try:
-                            payload = self._dequeued(self._receive.receive_nowait())
+                            queued = self._dequeued(self._receive.receive_nowait())
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
-                        blocked = self._emit(payload)
+                        blocked = self._emit(queued)
                         if blocked is not None:
                             await self._emit_blocked(blocked)
                     else:
@@ -342,7 +353,7 @@ class Publisher(metaclass=NoPublicConstructor):
             # so is a batch taken off the queue by a race that ended in an error.
             left = self._receive.statistics().current_buffer_used
             self._receive.close()
-            self._unsent += left + sum(payload is not None for payload in self._in_hand)
+            self._unsent += left + sum(queued is not None for queued in self._in_hand)
             self._log_close()
 
     def _log_close(self) -> None:
@@ -430,6 +441,16 @@ def _peer(message: list[zmq.Frame]) -> Peer:
     return Peer(message[0].bytes, properties["User-Id"], properties["Peer-Address"])
 
 
+def _snapshot_maker(
+    state: CacheState, buffer: ReplayBuffer, config: KVEventsConfig, dp_rank: int
+) -> Callable[[], SnapshotBuilder]:
+    def make() -> SnapshotBuilder:
+        frozen = state.freeze(buffer.next_seq)
+        return SnapshotBuilder(frozen, time.time(), dp_rank, config.wire_format)
+
+    return make
+
+
 @asynccontextmanager
 async def open_publisher(
     config: KVEventsConfig,
@@ -479,6 +500,8 @@ async def open_publisher(
         cleanup.callback(pub.close)
         buffer = ReplayBuffer(config.buffer_steps)
         replay = None
+        # Snapshots are served on the replay socket: without one, the state is not kept.
+        state = CacheState() if config.snapshots and replay_endpoint is not None else None
         if replay_endpoint is not None:
             router, replay_address = open_socket(
                 context,
@@ -493,13 +516,14 @@ async def open_publisher(
             cleanup.callback(router.close)
             # vLLM's replies carry the topic frame; TokenSpeed's do not.
             reply_topic = config.topic.encode() if config.wire_format == "vllm" else None
-            server = ReplayServer(buffer, config, reply_topic, trio.current_time)
+            snapshot = None if state is None else _snapshot_maker(state, buffer, config, dp_rank)
+            server = ReplayServer(buffer, config, reply_topic, trio.current_time, snapshot)
             replay = (router, replay_address, server)
         if security is None:
             exposed = [address] + ([replay[1]] if replay else [])
             warn_if_exposed(exposed, config.buffer_steps)
         publisher = Publisher._create(
-            config, dp_rank, pub, address, replay, buffer, monitors, zap, on_dequeue
+            config, dp_rank, pub, address, replay, buffer, state, monitors, zap, on_dequeue
         )
         logger.info(
             "publishing KV events on %s (replay: %s, rank %d, %s)",

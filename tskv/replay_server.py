@@ -5,6 +5,9 @@ asks `next_send` for the next message, tries to send it, and says how that went 
 `blocked`, `gone`). Everything else is decided here: who is refused, where a replay starts
 and stops, how replies to many clients interleave, when a client that takes nothing is given
 up on. The clock is injected, so all of it is tested without sockets or sleeps.
+
+A snapshot request is served the same way, its parts made one at a time by a
+`SnapshotBuilder` as they are sent; it counts against the same limits as a replay.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from tskv import frames
 from tskv.config import KVEventsConfig
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer, RequestGate
+from tskv.snapshot import SnapshotBuilder
 
 SLICE = 64  # replies to one client before the next client's turn
 RETRY_AFTER = 0.001  # a full pipe is tried again this much later (a ROUTER has no POLLOUT per peer)
@@ -46,7 +50,7 @@ class Outgoing:
 
     client: bytes
     frames: list[bytes]
-    seq: int | None
+    seq: int | None  # for a snapshot part, its index
 
 
 @attrs.frozen
@@ -66,6 +70,8 @@ class _Job:
     last_progress: float
     retry_at: float = 0.0
     in_slice: int = 0
+    snapshot: SnapshotBuilder | None = None
+    part: Outgoing | None = None  # a snapshot part made but not yet sent
 
 
 @attrs.define
@@ -80,6 +86,9 @@ class ReplayStatistics:
     superseded: int = 0  # ended by the same client's next request (served or refused)
     batches: int = 0
     invalid: int = 0
+    snapshots: int = 0  # snapshot requests among `requests`; ...
+    snapshots_completed: int = 0  # ...of those, how many were sent whole (in `completed` too)
+    snapshot_parts: int = 0
 
 
 class ReplayServer:
@@ -91,8 +100,10 @@ class ReplayServer:
         config: KVEventsConfig,
         topic: bytes | None,
         clock: Callable[[], float],
+        snapshots: Callable[[], SnapshotBuilder] | None = None,
     ) -> None:
         self._buffer = buffer
+        self._snapshots = snapshots  # None: snapshot requests end at once, as a replay past the end
         self._topic = topic  # the topic frame of vLLM's reply layout; None: TokenSpeed's
         self._client_timeout = config.replay_client_timeout
         self._gate = RequestGate(config, clock)
@@ -110,6 +121,7 @@ class ReplayServer:
             self.statistics.invalid += 1
             return Received(Outcome.INVALID, str(exc))
         self.statistics.requests += 1
+        self.statistics.snapshots += start_seq is None
         active = client in self._jobs
         refusal = self._gate.refusal(peer, len(self._jobs), active)
         if refusal is not None:
@@ -121,13 +133,20 @@ class ReplayServer:
                 self._one_offs.append(Outgoing(client, end, None))
             return Received(Outcome.REFUSED, refusal)
         # A client asking again replaces its earlier replay: it wants this one now.
-        first = self._buffer.first_at_or_after(start_seq)
-        stop = self._gate.stop_seq(first, self._buffer.next_seq)
         if active:
             self.statistics.superseded += 1
         else:
             self._turns.append(client)
-        self._jobs[client] = _Job(client, first, stop, self._clock())
+        if start_seq is None and self._snapshots is not None:
+            job = _Job(client, 0, 0, self._clock(), snapshot=self._snapshots())
+        else:
+            first = self._buffer.first_at_or_after(
+                frames.END_SEQ if start_seq is None else start_seq
+            )
+            job = _Job(
+                client, first, self._gate.stop_seq(first, self._buffer.next_seq), self._clock()
+            )
+        self._jobs[client] = job
         return Received(Outcome.SERVED)
 
     def _end_job(self, client: bytes) -> None:
@@ -147,6 +166,8 @@ class ReplayServer:
         return None
 
     def _reply(self, job: _Job) -> Outgoing:
+        if job.snapshot is not None:
+            return self._snapshot_part(job, job.snapshot)
         # Batches evicted while the replay ran are skipped; the client sees the hole.
         job.next_seq = self._buffer.first_at_or_after(job.next_seq)
         payload = self._buffer.get(job.next_seq) if job.next_seq < job.stop_seq else None
@@ -154,6 +175,16 @@ class ReplayServer:
             return Outgoing(job.client, frames.replay_end(job.client, self._topic), None)
         reply = frames.replay_reply(job.client, job.next_seq, payload, self._topic)
         return Outgoing(job.client, reply, job.next_seq)
+
+    def _snapshot_part(self, job: _Job, snapshot: SnapshotBuilder) -> Outgoing:
+        if job.part is None:  # made once, then tried until it is sent
+            index = snapshot.parts_made
+            payload = snapshot.next_payload()
+            if payload is None:
+                return Outgoing(job.client, frames.replay_end(job.client, self._topic), None)
+            part = frames.snapshot_part(job.client, snapshot.next_seq, index, payload)
+            job.part = Outgoing(job.client, part, index)
+        return job.part
 
     def sent(self, out: Outgoing) -> None:
         if self._one_offs and out is self._one_offs[0]:
@@ -163,10 +194,15 @@ class ReplayServer:
         job.last_progress = self._clock()
         if out.seq is None:  # the end marker: this replay is complete
             self.statistics.completed += 1
+            self.statistics.snapshots_completed += job.snapshot is not None
             self._end_job(out.client)
             return
-        self.statistics.batches += 1
-        job.next_seq = out.seq + 1
+        if job.snapshot is not None:
+            job.part = None
+            self.statistics.snapshot_parts += 1
+        else:
+            self.statistics.batches += 1
+            job.next_seq = out.seq + 1
         job.in_slice += 1
         if job.in_slice >= SLICE:  # the next client's turn
             job.in_slice = 0

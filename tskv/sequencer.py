@@ -10,12 +10,17 @@ The wire carries no publisher epoch, so a restarted publisher is recognised two 
 goes back (the usual case), or, when its seq is already past ours, the batch replay holds at
 our last delivered seq differs from the one we delivered. Every repair therefore asks replay
 to start one seq early, at the last batch delivered, and compares.
+
+What replay can no longer give (the publisher's buffer has moved on) is repaired from a
+snapshot when the publisher serves them: the state as of some seq, delivered as one batch that
+clears and restores the cache, with the batches it replaces reported as such. A publisher
+without snapshots ends the request at once, and the hole is reported as before.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import attrs
 
@@ -33,6 +38,7 @@ class LossReason(str, enum.Enum):
     UNDECODABLE = "undecodable"  # the batch arrived but its payload was not a batch
     INTERRUPTED = "interrupted"  # a repair was under way when the publisher restarted
     RESTART = "restart"  # the publisher started a new sequence (or the seq jumped absurdly)
+    SNAPSHOT = "snapshot"  # not lost: replaced by the snapshot delivered next, which has them
 
 
 @attrs.frozen
@@ -60,13 +66,28 @@ class Deliver(NamedTuple):  # one per batch: a tuple is the cheapest value to ma
     from_replay: bool
 
 
+class DeliverSnapshot(NamedTuple):
+    """A snapshot's parts, to deliver as one batch under `seq` (the state after that seq).
+    `replaced` is the first seq it stands in for (None for a bootstrap the consumer asked
+    for): the subscriber reports `replaced..seq` once the parts decode."""
+
+    seq: int
+    payloads: list[bytes]
+    replaced: int | None
+
+
 @attrs.frozen
 class RequestReplay:
     start_seq: int
     request_id: int
 
 
-Action = Deliver | Loss | RequestReplay
+@attrs.frozen
+class RequestSnapshot:
+    request_id: int
+
+
+Action = Deliver | DeliverSnapshot | Loss | RequestReplay | RequestSnapshot
 
 
 class Sequencer:
@@ -75,15 +96,19 @@ class Sequencer:
     def __init__(
         self,
         has_replay: bool,
-        start_seq: int | None = None,
+        start_seq: int | Literal["snapshot"] | None = None,
         *,
+        snapshots: bool = True,
         max_held: int = MAX_HELD,
         max_gap: int = MAX_GAP,
     ) -> None:
         self.has_replay = has_replay
+        self.snapshots = snapshots  # repair what replay no longer holds from a snapshot
         self.max_held = max_held
         self.max_gap = max_gap
-        self.expected: int | None = start_seq  # the next seq to deliver
+        self._bootstrapping = start_seq == "snapshot"
+        # the next seq to deliver; a snapshot bootstrap holds every live batch until it is in
+        self.expected: int | None = 0 if start_seq == "snapshot" else start_seq
         self.last_live: int | None = None
         self.pending: dict[int, bytes] = {}  # live batches held while a gap is repaired
         self.request_id = 0
@@ -92,16 +117,21 @@ class Sequencer:
         self._last_payload: bytes | None = None  # what was delivered at expected - 1
         self._verifying = False  # the current request started at expected - 1, to compare
         self._overflowed = False  # live batches were let go while the hold was full
+        self.snapshotting = False  # the current request is for a snapshot
+        self._parts: list[bytes] = []  # the snapshot's parts received so far
+        self._snapshot_next = 0  # the seq the snapshot's state is before
+        self._resumes_at: int | None = None  # where replay went on after what it had lost
 
     def start(self) -> list[Action]:
         """Actions to take before any message: a bootstrap replay when a start seq was given."""
         if self.expected is None:
             return []
         if not self.has_replay:
+            start = "snapshot" if self._bootstrapping else self.expected
             raise ValueError(
-                f"start_seq = {self.expected} needs a replay endpoint to fetch past batches from"
+                f"start_seq = {start!r} needs a replay endpoint to fetch past batches from"
             )
-        return [self._request()]
+        return [self._request_snapshot() if self._bootstrapping else self._request()]
 
     def _request(self) -> RequestReplay:
         assert self.expected is not None
@@ -109,8 +139,18 @@ class Sequencer:
         self.repairing = True
         self._expected_at_request = self.expected
         self._verifying = self._last_payload is not None and self.expected > 0
+        self.snapshotting = False
         start = self.expected - 1 if self._verifying else self.expected
         return RequestReplay(start, self.request_id)
+
+    def _request_snapshot(self, resumes_at: int | None = None) -> RequestSnapshot:
+        self._resumes_at = resumes_at
+        self.request_id += 1
+        self.repairing = True
+        self.snapshotting = True
+        self._verifying = False
+        self._parts = []
+        return RequestSnapshot(self.request_id)
 
     def _deliver(self, seq: int, payload: bytes, from_replay: bool) -> Deliver:
         self.expected = seq + 1
@@ -150,11 +190,11 @@ class Sequencer:
             return [self._deliver(seq, payload, False)]
         if seq < self.expected:
             return actions  # before the requested start, or already delivered from replay
-        if seq == self.expected:
+        if seq == self.expected and not self.snapshotting:
             actions.append(self._deliver(seq, payload, False))
             self._drain_pending(actions)
             return actions
-        if seq - self.expected > self.max_gap:
+        if seq - self.expected > self.max_gap and not self._bootstrapping:
             return self._discontinuity(seq, payload)
         if len(self.pending) >= self.max_held:
             # Holding more would let one stalled repair take unbounded memory. This batch is
@@ -176,6 +216,7 @@ class Sequencer:
         self.repairing = False  # replies to an old request describe the old sequence
         self._verifying = False
         self._overflowed = False
+        self.snapshotting = self._bootstrapping = False
         self.request_id += 1
 
     def _restart(self, seq: int, payload: bytes) -> list[Action]:
@@ -225,6 +266,10 @@ class Sequencer:
                 return self._replaced()
         if seq < self.expected:
             return actions
+        if seq > self.expected and self.snapshots:
+            # The buffer no longer holds what we miss: a snapshot stands in for it, and the
+            # rest of this replay (answering a request now given up on) is ignored.
+            return [self._request_snapshot(resumes_at=seq)]
         self.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
         # Replay skipping ahead means the buffer lost what came before, but not what we hold.
         self._advance_to(seq, LossReason.EVICTED, actions)
@@ -244,10 +289,58 @@ class Sequencer:
         actions.append(self._request())
         return actions
 
+    def snapshot_part(self, request_id: int, next_seq: int, payload: bytes) -> list[Action]:
+        """One part of the snapshot asked for; it is delivered whole when the end comes."""
+        if request_id == self.request_id and self.snapshotting:
+            self._snapshot_next = next_seq
+            self._parts.append(payload)
+        return []
+
+    def _snapshot_ended(self) -> list[Action]:
+        self.repairing = self.snapshotting = False
+        bootstrap, self._bootstrapping = self._bootstrapping, False
+        if not self._parts:  # a publisher without snapshots ends the request at once
+            self.snapshots = False  # so later holes are reported without asking again
+            return self._snapshot_failed(LossReason.EVICTED, bootstrap)
+        assert self.expected is not None
+        actions: list[Action] = []
+        after = self._snapshot_next
+        parts, self._parts = self._parts, []
+        if after < self.expected and not bootstrap:  # older than what we have: a new sequence
+            actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=after))
+        if after > 0 and (after != self.expected or bootstrap):
+            replaced = None if bootstrap or after < self.expected else self.expected
+            actions.append(DeliverSnapshot(after - 1, parts, replaced))
+        self.expected = after
+        self._last_payload = None  # the batch before `expected` was never seen on its own
+        for seq in [seq for seq in self.pending if seq < after]:
+            del self.pending[seq]
+        self._drain_pending(actions)
+        if self.pending or self._overflowed:
+            self._overflowed = False
+            actions.append(self._request())  # what was published since the snapshot's seq
+        return actions
+
+    def _snapshot_failed(self, reason: LossReason, bootstrap: bool) -> list[Action]:
+        """No snapshot: a bootstrap takes what replay still has, a repair reports its hole."""
+        if bootstrap:
+            return [self._request()]
+        actions: list[Action] = []
+        if self._resumes_at is not None:  # replay holds what follows the hole: fetch it again
+            self._advance_to(self._resumes_at, reason, actions)
+            return [*actions, self._request()]
+        self._give_up_to_next_pending(reason, actions)
+        if self.pending or self._overflowed:
+            self._overflowed = False
+            actions.append(self._request())
+        return actions
+
     def replay_ended(self, request_id: int) -> list[Action]:
         actions: list[Action] = []
         if request_id != self.request_id or not self.repairing:
             return actions
+        if self.snapshotting:
+            return self._snapshot_ended()
         self.repairing = False
         self._verifying = False
         assert self.expected is not None
@@ -261,6 +354,8 @@ class Sequencer:
             # ask again from where we are.
             actions.append(self._request())
             return actions
+        if self.snapshots:
+            return [self._request_snapshot()]  # what the buffer lost, a snapshot restores
         self._give_up_to_next_pending(LossReason.EVICTED, actions)
         if self.pending or self._overflowed:
             self._overflowed = False
@@ -274,6 +369,10 @@ class Sequencer:
         actions: list[Action] = []
         if request_id != self.request_id or not self.repairing:
             return actions
+        if self.snapshotting:
+            self.repairing = self.snapshotting = False
+            bootstrap, self._bootstrapping = self._bootstrapping, False
+            return self._snapshot_failed(reason, bootstrap)
         self.repairing = False
         self._verifying = False
         self._overflowed = False  # those batches are behind the hole just reported, too

@@ -14,6 +14,7 @@ import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Literal
 
 import attrs
 import trio
@@ -28,15 +29,17 @@ from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, attach
 from tskv.codec import WireError, decode_batch
 from tskv.endpoints import check_endpoint
-from tskv.events import KVEventBatch
+from tskv.events import KVEvent, KVEventBatch
 from tskv.security import ClientSecurity
 from tskv.sequencer import (
     MAX_HELD,
     Action,
     Deliver,
+    DeliverSnapshot,
     Loss,
     LossReason,
     RequestReplay,
+    RequestSnapshot,
     Sequencer,
 )
 
@@ -57,6 +60,8 @@ class SubscriberStatistics:
     delivered: int  # batches handed to the consumer
     repaired: int  # of those, how many came from replay
     lost: int  # seqs reported lost (a restart's unknown count is not included)
+    replaced: int  # seqs not delivered one by one but restored by a snapshot (not in `lost`)
+    snapshots: int  # snapshots delivered, a bootstrap's included
     losses: int  # loss reports, restarts included
     restarts: int
     undecodable: int
@@ -81,6 +86,12 @@ class _Replayed:
 
 
 @attrs.frozen
+class _SnapshotPart:
+    request_id: int
+    part: frames.SnapshotPart
+
+
+@attrs.frozen
 class _ReplayFailed:
     request_id: int
     reason: LossReason
@@ -91,13 +102,22 @@ class _BadFrames:
     error: str
 
 
-_Inbound = _Live | _Replayed | _ReplayFailed | _BadFrames
+_Inbound = _Live | _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames
+Request = RequestReplay | RequestSnapshot
 
 
 def _log_loss(loss: Loss) -> None:
     if loss.reason is LossReason.RESTART:
         logger.warning(
             "publisher restarted: expected seq %d, got seq %d", loss.first_seq, loss.new_seq
+        )
+    elif loss.reason is LossReason.SNAPSHOT:
+        logger.warning(
+            "batches %d..%d are no longer buffered: restoring the cache from a snapshot of "
+            "the state after %d",
+            loss.first_seq,
+            loss.last_seq,
+            loss.last_seq,
         )
     else:
         logger.warning("lost batches %d..%d (%s)", loss.first_seq, loss.last_seq, loss.reason.value)
@@ -110,7 +130,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         self,
         sequencer: Sequencer,
         inbox: trio.MemoryReceiveChannel[_Inbound],
-        requests: trio.MemorySendChannel[RequestReplay],
+        requests: trio.MemorySendChannel[Request],
         on_loss: Callable[[Loss], object] | None,
         endpoint: str,
         monitors: list[SocketMonitor],
@@ -123,12 +143,14 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._inbox = inbox
         self._requests = requests
         self._on_loss = on_loss
-        self._ready: deque[Deliver | Loss] = deque()
+        self._ready: deque[Deliver | DeliverSnapshot | Loss] = deque()
         self._bad_log = LogLimiter(interval=1.0)
         self._received = 0
         self._delivered = 0
         self._repaired = 0
         self._lost = 0
+        self._replaced = 0
+        self._snapshots = 0
         self._losses = 0
         self._restarts = 0
         self._undecodable = 0
@@ -141,6 +163,8 @@ class Subscriber(metaclass=NoPublicConstructor):
             delivered=self._delivered,
             repaired=self._repaired,
             lost=self._lost,
+            replaced=self._replaced,
+            snapshots=self._snapshots,
             losses=self._losses,
             restarts=self._restarts,
             undecodable=self._undecodable,
@@ -165,6 +189,11 @@ class Subscriber(metaclass=NoPublicConstructor):
                 if isinstance(item, Loss):
                     self._report(item)
                     continue
+                if isinstance(item, DeliverSnapshot):
+                    snapshot = self._snapshot_batch(item)
+                    if snapshot is None:
+                        continue
+                    return item.seq, snapshot
                 # Decoded only now, one at a time: a burst decoded ahead would keep thousands
                 # of lists alive for the garbage collector to walk again and again.
                 try:
@@ -190,6 +219,26 @@ class Subscriber(metaclass=NoPublicConstructor):
             else:
                 self._apply(self._feed(inbound))
 
+    def _snapshot_batch(self, item: DeliverSnapshot) -> KVEventBatch | None:
+        """The snapshot's parts as one batch (it clears, then stores every cached block), after
+        reporting the batches it replaces; None, with the loss reported, if a part is bad."""
+        events: list[KVEvent] = []
+        try:
+            parts = [decode_batch(payload) for payload in item.payloads]
+        except WireError as exc:
+            self._undecodable += 1
+            self._bad_log.warning("snapshot after seq %d does not decode: %s", item.seq, exc)
+            first = 0 if item.replaced is None else item.replaced
+            self._report(Loss(first, item.seq, LossReason.UNDECODABLE))
+            return None
+        for part in parts:
+            events.extend(part.events)
+        if item.replaced is not None:
+            self._report(Loss(item.replaced, item.seq, LossReason.SNAPSHOT))
+        self._snapshots += 1
+        self._delivered += 1
+        return KVEventBatch(parts[0].ts, events, parts[0].attn_dp_rank)
+
     def _take_live(self, message: list[bytes]) -> list[Action]:
         self._received += 1
         try:
@@ -198,7 +247,12 @@ class Subscriber(metaclass=NoPublicConstructor):
             return self._feed(_BadFrames(str(exc)))
         return self._sequencer.live(seq, payload)
 
-    def _feed(self, inbound: _Replayed | _ReplayFailed | _BadFrames) -> list[Action]:
+    def _feed(
+        self, inbound: _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames
+    ) -> list[Action]:
+        if isinstance(inbound, _SnapshotPart):
+            part = inbound.part
+            return self._sequencer.snapshot_part(inbound.request_id, part.next_seq, part.payload)
         if isinstance(inbound, _Replayed):
             if inbound.reply.is_end:
                 return self._sequencer.replay_ended(inbound.request_id)
@@ -213,7 +267,7 @@ class Subscriber(metaclass=NoPublicConstructor):
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, (Deliver, Loss)):
+            if isinstance(action, (Deliver, DeliverSnapshot, Loss)):
                 self._ready.append(action)
             else:
                 self._replay_requests += 1
@@ -223,6 +277,8 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._losses += 1
         if loss.reason is LossReason.RESTART:
             self._restarts += 1
+        elif loss.reason is LossReason.SNAPSHOT:
+            self._replaced += loss.count or 0
         else:
             self._lost += loss.count or 0
         _log_loss(loss)
@@ -278,14 +334,16 @@ class _ReplayClient:
         self._dealer.close()
 
     @trio.lowlevel.enable_ki_protection
-    async def run(self, requests: trio.MemoryReceiveChannel[RequestReplay]) -> None:
+    async def run(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
         async for request in requests:
             await self._serve(request, requests)
 
-    async def _serve(
-        self, request: RequestReplay, requests: trio.MemoryReceiveChannel[RequestReplay]
-    ) -> None:
-        await self._dealer.send(frames.replay_request(request.start_seq))
+    async def _serve(self, request: Request, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        if isinstance(request, RequestSnapshot):
+            asking = frames.snapshot_request()
+        else:
+            asking = frames.replay_request(request.start_seq)
+        await self._dealer.send(asking)
         backoff, longest = REFUSAL_BACKOFF
         refused_since: float | None = None
         while True:
@@ -303,6 +361,9 @@ class _ReplayClient:
                 reply = frames.parse_replay_reply(message)
             except frames.FrameError as exc:
                 await self._inbox.send(_BadFrames(f"replay reply: {exc}"))
+                continue
+            if isinstance(reply, frames.SnapshotPart):
+                await self._inbox.send(_SnapshotPart(request.request_id, reply))
                 continue
             if reply.refusal is None:
                 await self._inbox.send(_Replayed(request.request_id, reply))
@@ -327,7 +388,7 @@ class _ReplayClient:
             if requests.statistics().current_buffer_used:
                 return  # a newer request supersedes this one
             backoff = min(backoff * 2, longest)
-            await self._dealer.send(frames.replay_request(request.start_seq))
+            await self._dealer.send(asking)
 
     def _replace_dealer(self) -> None:
         self._dealer.close()
@@ -370,8 +431,9 @@ async def open_subscriber(
     endpoint: str,
     replay_endpoint: str | None = None,
     topic: str = "",
-    start_seq: int | None = None,
+    start_seq: int | Literal["snapshot"] | None = None,
     *,
+    snapshots: bool = True,
     on_loss: Callable[[Loss], object] | None = None,
     replay_timeout: float = 5.0,
     hwm: int = 100_000,
@@ -385,7 +447,12 @@ async def open_subscriber(
 
     Gaps are repaired from `replay_endpoint`. What cannot be repaired is never hidden: it is
     counted, logged, and passed to `on_loss(loss)` just before the next batch is delivered.
-    `start_seq` fetches earlier batches from replay first (a late joiner's bootstrap).
+    `start_seq` fetches earlier batches from replay first (a late joiner's bootstrap);
+    `start_seq="snapshot"` starts instead from the publisher's snapshot of its whole cache (one
+    batch that clears, then stores every cached block), then goes on live. With `snapshots`
+    (the default), a hole replay can no longer fill is restored from a snapshot too, reported
+    to `on_loss` with reason SNAPSHOT just before that batch; a publisher that serves no
+    snapshots leaves it reported as EVICTED.
     `max_held` bounds the live batches held while a gap is repaired (later ones are fetched
     from replay once it drains). If no publisher has answered `warn_unanswered_after` seconds
     after connecting, a warning says so (and why, when it can tell). For an encrypted
@@ -396,7 +463,7 @@ async def open_subscriber(
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
-    if start_seq is not None:
+    if start_seq is not None and start_seq != "snapshot":
         int_at_least("start_seq", start_seq, 0)
     number_at_least("replay_timeout", replay_timeout, 0, above=True)
     int_at_least("max_held", max_held, 1)
@@ -408,7 +475,9 @@ async def open_subscriber(
         if curve_server_key is None
         else ClientSecurity.from_files(curve_server_key, curve_secret_key)
     )
-    sequencer = Sequencer(replay_endpoint is not None, start_seq, max_held=max_held)
+    sequencer = Sequencer(
+        replay_endpoint is not None, start_seq, snapshots=snapshots, max_held=max_held
+    )
     first_actions = sequencer.start()
     context = context or zmq.Context.instance()
     sock = context.socket(zmq.SUB)
@@ -427,7 +496,7 @@ async def open_subscriber(
         raise
     sub = TrioSocket(sock)
     inbox_send, inbox_receive = trio.open_memory_channel[_Inbound](INBOX_SIZE)
-    requests_send, requests_receive = trio.open_memory_channel[RequestReplay](math.inf)
+    requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
     replay: _ReplayClient | None = None
     try:
         if replay_endpoint is not None:

@@ -6,8 +6,9 @@ threads or asyncio are testable). `tskv.pytest_plugin` turns them into fixtures.
 
 - `open_scripted_publisher()` / `ScriptedPublisherThread`: the test says, batch by batch, what
   goes out live, what only the replay buffer holds, which seqs are skipped, when the sequence
-  restarts, which payload is corrupt, and whether replay answers, late or never, in TokenSpeed's
-  or vLLM's layout.
+  restarts, which payload is corrupt, whether replay answers, late or never, in TokenSpeed's
+  or vLLM's layout, and whether it serves snapshots (as tskv's publisher does) or not (as
+  TokenSpeed's and vLLM's do).
 - `open_simulated_stream()` / `SimulatedStreamThread`: the simulated scheduler's deterministic
   stream for a workload seed, with the batches and final cache a consumer should end up with.
 """
@@ -33,6 +34,7 @@ from tskv.endpoints import LOOPBACK
 from tskv.events import KVEvent, KVEventBatch
 from tskv.publisher import Publisher, open_publisher
 from tskv.sim import Simulator, Workload, run_round
+from tskv.snapshot import CacheState, SnapshotBuilder
 
 CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
 ReplayLayout = WireFormat
@@ -47,11 +49,21 @@ class ScriptedPublisher:
     request at once with a refusal, as a publisher over its replay limits does), `replay_delay`
     (seconds before each answer starts), `replay_layout` (None: as `wire_format`; or
     "tokenspeed": `["", seq, payload]`, "vllm": `["", topic, seq, payload]`, to mix the two),
-    `rank` (put in each batch). `replay_requests` lists the start seqs asked for. Every event
-    is checked in full when it is encoded (strict mode).
+    `rank` (put in each batch), `snapshots` (True: serve snapshot requests from the state the
+    sent and dropped batches describe, `snapshot_part_blocks` blocks a part; False: end them at
+    once, as a publisher without snapshots does). `replay_requests` lists the start seqs asked
+    for, None for a snapshot. Every event is checked in full when it is encoded (strict mode).
     """
 
-    SETTINGS = ("wire_format", "replay_mode", "replay_delay", "replay_layout", "rank")
+    SETTINGS = (
+        "wire_format",
+        "replay_mode",
+        "replay_delay",
+        "replay_layout",
+        "rank",
+        "snapshots",
+        "snapshot_part_blocks",
+    )
 
     def __init__(self, pub: TrioSocket, endpoint: str, topic: str, rank: int) -> None:
         self.endpoint = endpoint
@@ -64,7 +76,10 @@ class ScriptedPublisher:
         self.replay_delay = 0.0
         self.wire_format: WireFormat = "tokenspeed"
         self.replay_layout: ReplayLayout | None = None
-        self.replay_requests: list[int] = []
+        self.snapshots = True
+        self.snapshot_part_blocks = 1024
+        self.state = CacheState()  # what the batches sent and dropped so far describe
+        self.replay_requests: list[int | None] = []
         self._pub = pub
         self._subscriptions = 0
 
@@ -92,7 +107,9 @@ class ScriptedPublisher:
     ) -> int:
         """Publish a batch live and keep it for replay; returns its seq."""
         seq = self._take(seq)
+        events = list(events)
         body = payload if payload is not None else self.payload(events)
+        self.state.apply(events)
         self.buffer[seq] = body
         self._send_live(seq, body)
         return seq
@@ -100,7 +117,9 @@ class ScriptedPublisher:
     def drop(self, events: Iterable[KVEvent]) -> int:
         """A batch lost on the way: only the replay buffer has it (a gap replay can repair)."""
         seq = self._take(None)
+        events = list(events)
         self.buffer[seq] = self.payload(events)
+        self.state.apply(events)
         return seq
 
     def skip(self, count: int = 1) -> range:
@@ -122,6 +141,7 @@ class ScriptedPublisher:
         """A new publisher on the same endpoints: seqs start again at 0, the buffer is empty."""
         self.next_seq = 0
         self.buffer.clear()
+        self.state = CacheState()
 
     async def _serve_replay(self, router: TrioSocket) -> None:
         while True:
@@ -138,6 +158,10 @@ class ScriptedPublisher:
             topic = self.topic.encode() if layout == "vllm" else None
             if self.replay_mode == "refuse":
                 replies = [frames.replay_end(client, topic, "refused by the test's script")]
+            elif start is None and self.snapshots:
+                replies = self._snapshot(client, topic)
+            elif start is None:  # as a publisher without snapshots: a start past every seq
+                replies = [frames.replay_end(client, topic)]
             else:
                 replies = [
                     frames.replay_reply(client, seq, self.buffer[seq], topic)
@@ -151,6 +175,18 @@ class ScriptedPublisher:
                 if exc.errno != errno.EHOSTUNREACH:
                     raise
                 # The client left before its replay was over: serve the next one.
+
+    def _snapshot(self, client: bytes, topic: bytes | None) -> list[list[bytes]]:
+        frozen = self.state.freeze(self.next_seq)
+        builder = SnapshotBuilder(
+            frozen, 1.0, self.rank, self.wire_format, self.snapshot_part_blocks
+        )
+        replies = []
+        while (payload := builder.next_payload()) is not None:
+            index = builder.parts_made - 1
+            replies.append(frames.snapshot_part(client, frozen.next_seq, index, payload))
+        replies.append(frames.replay_end(client, topic))
+        return replies
 
 
 def _socket(kind: int) -> tuple[TrioSocket, str]:

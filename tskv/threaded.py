@@ -24,7 +24,13 @@ from tskv._trio_thread import TrioThread
 from tskv.codec import DroppedFields, encode_batch
 from tskv.config import ConfigError, KVEventsConfig, field_names
 from tskv.events import KVEventBatch
-from tskv.publisher import Publisher, PublisherClosedError, PublisherStatistics, open_publisher
+from tskv.publisher import (
+    Publisher,
+    PublisherClosedError,
+    PublisherStatistics,
+    Queued,
+    open_publisher,
+)
 
 logger = logging.getLogger("tskv")
 _DEFAULTS = KVEventsConfig()  # TokenSpeed's positional defaults are the config's, defined once
@@ -88,7 +94,7 @@ class ZmqEventPublisher:
         self._context = context
         self._slots = threading.Semaphore(max_queue_size)
         self._lock = threading.Lock()
-        self._handoff: deque[bytes] = deque()
+        self._handoff: deque[Queued] = deque()
         self._handoff_scheduled = False
         self._lost_in_handoff = 0  # handed over as the publisher died: counted unsent
         self._dropped = DroppedFields()
@@ -173,7 +179,7 @@ class ZmqEventPublisher:
             except PublisherClosedError:
                 self._slots.release()
                 raise
-            self._handoff.append(payload)
+            self._handoff.append((payload, batch.events))
             schedule = not self._handoff_scheduled
             self._handoff_scheduled = True
         if schedule:
@@ -190,9 +196,9 @@ class ZmqEventPublisher:
             payloads = list(self._handoff)
             self._handoff.clear()
             self._handoff_scheduled = False
-        for index, payload in enumerate(payloads):  # never full: slots bound what is in flight
+        for index, (payload, events) in enumerate(payloads):  # never full: slots bound these
             try:
-                self._publisher.publish_encoded_nowait(payload)
+                self._publisher.publish_encoded_nowait(payload, events)
             except PublisherClosedError:  # the publish task has died: these never go out
                 self._lost_in_handoff += len(payloads) - index
                 return

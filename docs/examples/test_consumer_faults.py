@@ -71,10 +71,26 @@ async def test_dropped_batches_are_repaired_from_replay(tskv_scripted):
 
 
 @pytest.mark.trio
-async def test_a_gap_the_buffer_no_longer_covers_forces_a_resync(tskv_scripted):
+async def test_a_gap_the_buffer_no_longer_covers_is_restored_from_a_snapshot(tskv_scripted):
     def script(s):
         s.send(stored(1))
         s.skip(2)  # seqs 1 and 2 are gone from the buffer
+        s.send(stored(4))
+
+    index = BlockIndex()
+    await run_consumer(index, tskv_scripted, script, count=2)
+    # Seqs 1..3 come as one snapshot batch (seq 3) that clears, then stores what is cached.
+    assert index.losses == [tskv.Loss(1, 3, tskv.LossReason.SNAPSHOT)]
+    assert index.seqs == [0, 3] and index.blocks == {1, 4}
+
+
+@pytest.mark.trio
+async def test_without_snapshots_the_gap_is_reported(tskv_scripted):
+    tskv_scripted.snapshots = False  # as TokenSpeed's and vLLM's publishers: replay only
+
+    def script(s):
+        s.send(stored(1))
+        s.skip(2)
         s.send(stored(4))
 
     index = BlockIndex()

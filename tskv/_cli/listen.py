@@ -97,6 +97,11 @@ def batch_json(seq: int, batch: KVEventBatch) -> str:
 def format_loss(loss: Loss) -> str:
     if loss.reason is LossReason.RESTART:
         return f"!! publisher restarted: expected seq {loss.first_seq}, now at seq {loss.new_seq}"
+    if loss.reason is LossReason.SNAPSHOT:
+        return (
+            f"!! seq {loss.first_seq}..{loss.last_seq} ({loss.reason.value}): no longer buffered, "
+            f"restored by the snapshot that follows"
+        )
     return f"!! lost seq {loss.first_seq}..{loss.last_seq} ({loss.reason.value})"
 
 

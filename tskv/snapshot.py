@@ -1,0 +1,190 @@
+"""The cache a publisher's stream describes, and the snapshot that restores it: no I/O.
+
+`CacheState` follows every batch the publisher sends: for each cached block, the event that
+stored it (a reference, not a copy, so a block costs one dict entry). `SnapshotBuilder` turns
+a frozen copy of that state into batches that clear and then store every cached block, parents
+before children, a bounded amount of work per batch so the replay task that sends them never
+holds up live batches. docs/wire.md#snapshots specifies what goes on the wire.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from typing import Any
+
+from tskv.codec import WireFormat, encode_round
+from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
+
+Tier = tuple[str | None, int | None]  # (medium, group_idx): a block is cached per tier
+Blocks = dict[int, BlockStored]  # hash -> the event that stored it, in the order lives began
+
+
+class CacheState:
+    """The blocks the stream says are cached: stored, not removed since, nor cleared.
+
+    Memory follows the cache, not history: a removed block's entry goes, and an event is kept
+    only while one of its blocks is cached. The events are the ones published, so a scheduler
+    must not change an event's lists after publishing it (tskv never copies them).
+    """
+
+    def __init__(self) -> None:
+        self.tiers: dict[Tier, Blocks] = {}
+
+    def apply(self, events: Sequence[KVEvent]) -> None:
+        """Follow one batch. Runs once per published batch, so the per-block work is C loops."""
+        tiers = self.tiers
+        for event in events:
+            if isinstance(event, BlockStored):
+                tier = (event.medium, event.group_idx)
+                blocks = tiers.get(tier)
+                if blocks is None:
+                    blocks = tiers[tier] = {}
+                blocks.update(zip(event.block_hashes, repeat(event)))
+            elif isinstance(event, BlockRemoved):
+                blocks = tiers.get((event.medium, event.group_idx))
+                if blocks:
+                    deque(map(blocks.pop, event.block_hashes, repeat(None)), 0)
+            else:
+                tiers.clear()
+
+    @property
+    def blocks(self) -> int:
+        return sum(map(len, self.tiers.values()))
+
+    def freeze(self, next_seq: int) -> FrozenState:
+        """A copy that later batches do not change (one dict copy per tier, at C speed), of
+        the state after every batch before `next_seq`."""
+        return FrozenState(next_seq, [dict(blocks) for blocks in self.tiers.values()])
+
+
+class FrozenState:
+    """The state as of `next_seq`: what one snapshot describes."""
+
+    def __init__(self, next_seq: int, tiers: list[Blocks]) -> None:
+        self.next_seq = next_seq
+        self.tiers = tiers
+
+
+class SnapshotBuilder:
+    """The payloads of one snapshot, made one at a time as the replay task asks for them."""
+
+    def __init__(
+        self,
+        state: FrozenState,
+        ts: float,
+        rank: int,
+        wire_format: WireFormat,
+        part_blocks: int = PART_BLOCKS,
+    ) -> None:
+        self.next_seq = state.next_seq
+        self._ts = ts
+        self._rank = rank
+        self._wire_format = wire_format
+        self._parts = _parts(state.tiers, part_blocks)
+        self.parts_made = 0
+
+    def next_payload(self) -> bytes | None:
+        """The next batch of the snapshot, or None when it is complete."""
+        events = next(self._parts, None)
+        if events is None:
+            return None
+        self.parts_made += 1
+        payload = encode_round(self._ts, events, self._rank, self._wire_format)
+        assert payload is not None  # a part holds at least one event
+        return payload
+
+
+def _parts(tiers: list[Blocks], part_blocks: int) -> Iterator[list[KVEvent]]:
+    """The snapshot's events, cut into parts of at most `part_blocks` blocks; the first part
+    starts with AllBlocksCleared (so an empty cache is one part holding only that)."""
+    part: list[KVEvent] = [AllBlocksCleared()]
+    size = 0
+    for blocks in tiers:
+        for event in _stores(blocks):
+            part.append(event)
+            size += len(event.block_hashes)
+            if size >= part_blocks:
+                yield part
+                part, size = [], 0
+    if part:
+        yield part
+
+
+def _stores(blocks: Blocks) -> Iterator[BlockStored]:
+    """One BlockStored per run of cached blocks that one event stored, parents first.
+
+    The dict's order is the order in which each block's current life began, so a parent
+    almost always comes before its children. The exception (a parent removed and stored again
+    while its child stayed cached) is held back until the parent has gone out.
+    """
+    sent: set[int] = set()
+    waiting: dict[int, list[BlockStored]] = {}  # parent hash -> runs held back for it
+    ready: deque[BlockStored] = deque()
+    for run in _runs(blocks):
+        parent = run.parent_block_hash
+        if parent is not None and parent in blocks and parent not in sent:
+            waiting.setdefault(parent, []).append(run)
+            continue
+        ready.append(run)
+        while ready:
+            out = ready.popleft()
+            sent.update(out.block_hashes)
+            if waiting:
+                for block in out.block_hashes:
+                    ready.extend(waiting.pop(block, ()))
+            yield out
+    for runs in waiting.values():  # a cycle of parents cannot be ordered; send them anyway
+        yield from runs
+
+
+def _runs(blocks: Blocks) -> Iterator[BlockStored]:
+    """Consecutive cached blocks stored by the same event, as one BlockStored each."""
+    items = iter(blocks.items())
+    pending = next(items, None)
+    while pending is not None:
+        first, event = pending
+        hashes = event.block_hashes
+        start = hashes.index(first)
+        end = start + 1
+        pending = next(items, None)
+        while (
+            pending is not None
+            and end < len(hashes)
+            and pending[1] is event
+            and pending[0] == hashes[end]
+        ):
+            end += 1
+            pending = next(items, None)
+        yield _slice(event, start, end)
+
+
+def _slice(event: BlockStored, start: int, end: int) -> BlockStored:
+    """The part of `event` storing blocks start..end-1, with the fields that go with them."""
+    hashes = event.block_hashes
+    if start == 0 and end == len(hashes):
+        return event
+    size = event.block_size
+    extra = event.extra_keys
+    if extra is not None and len(extra) == len(hashes):
+        extra = list(extra[start:end])
+    fields: dict[str, Any] = {
+        "lora_id": event.lora_id,
+        "medium": event.medium,
+        "lora_name": event.lora_name,
+        "extra_keys": extra,
+        "group_idx": event.group_idx,
+        "kv_cache_spec_kind": event.kv_cache_spec_kind,
+        "kv_cache_spec_sliding_window": event.kv_cache_spec_sliding_window,
+        "locality": event.locality,
+    }
+    return BlockStored(
+        list(hashes[start:end]),
+        event.parent_block_hash if start == 0 else hashes[start - 1],
+        list(event.token_ids[start * size : end * size]),
+        size,
+        **fields,
+    )
