@@ -6,11 +6,19 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tskv import KVEventsConfig
-from tskv.frames import END_FRAME, parse_replay_reply, replay_request
+from tskv import AllBlocksCleared, BlockStored, KVEventsConfig, decode_batch
+from tskv.frames import (
+    END_FRAME,
+    SnapshotPart,
+    parse_replay_reply,
+    parse_replay_request,
+    replay_request,
+    snapshot_request,
+)
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer
 from tskv.replay_server import MAX_ONE_OFFS, RETRY_AFTER, SLICE, Outcome, Outgoing, ReplayServer
+from tskv.snapshot import CacheState, SnapshotBuilder
 
 
 class Clock:
@@ -265,3 +273,80 @@ def test_every_client_sees_increasing_buffered_seqs_and_every_job_ends_once(
     # Every request ends exactly one way, or is still going.
     ends = stats.refused + stats.completed + stats.abandoned + stats.superseded
     assert ends + replay.active == stats.requests
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+
+def snapshot_server(
+    blocks: int, part_blocks: int = 4, **config: object
+) -> tuple[ReplayServer, ReplayBuffer, CacheState]:
+    buffer = ReplayBuffer(100)
+    state = CacheState()
+    clock = Clock()
+    for n in range(blocks):  # one batch per block, each a child of the one before
+        events = [BlockStored([n], n - 1 if n else None, [n, n], 2)]
+        buffer.append(f"p{n}".encode())
+        state.apply(events)
+
+    def make() -> SnapshotBuilder:
+        return SnapshotBuilder(state.freeze(buffer.next_seq), 1.0, 0, "tokenspeed", part_blocks)
+
+    cfg = KVEventsConfig(**config)  # type: ignore[arg-type]
+    return ReplayServer(buffer, cfg, None, clock, make), buffer, state
+
+
+def ask_snapshot(replay: ReplayServer, client: bytes) -> Outcome:
+    return replay.receive([client, *snapshot_request()], Peer(client)).outcome
+
+
+def test_a_snapshot_request_gets_its_parts_then_the_end_marker() -> None:
+    replay, _, state = snapshot_server(blocks=10, part_blocks=4)
+    assert ask_snapshot(replay, b"a") is Outcome.SERVED
+    state.apply([AllBlocksCleared()])  # after the request: not in this snapshot
+    sent = drain(replay)
+    assert seqs(sent, b"a") == [0, 1, 2, None]  # parts 0..2 by index, then the end
+    parts = [parse_replay_reply(out.frames[1:]) for out in sent[:-1]]
+    assert all(isinstance(part, SnapshotPart) and part.next_seq == 10 for part in parts)
+    events = [e for part in parts for e in decode_batch(part.payload).events]  # type: ignore[union-attr]
+    assert events[0] == AllBlocksCleared()
+    assert [h for e in events[1:] for h in e.block_hashes] == list(range(10))  # type: ignore[union-attr]
+    assert sent[-1].frames == [b"a", b"", END_FRAME, b""]
+    stats = replay.statistics
+    assert (stats.requests, stats.snapshots, stats.completed, stats.snapshots_completed) == (
+        1,
+        1,
+        1,
+        1,
+    )
+    assert (stats.snapshot_parts, stats.batches) == (3, 0)
+
+
+def test_a_snapshot_part_that_could_not_go_out_is_sent_again_not_rebuilt() -> None:
+    replay, _, _ = snapshot_server(blocks=10, part_blocks=4)
+    ask_snapshot(replay, b"a")
+    first = replay.next_send()
+    assert first is not None and replay.blocked(first) is None
+    replay._clock.now += RETRY_AFTER  # type: ignore[attr-defined]
+    assert replay.next_send() is first  # the same part, not the next one
+    replay.sent(first)
+    assert seqs(drain(replay), b"a") == [1, 2, None]
+
+
+def test_without_snapshots_a_snapshot_request_ends_at_once_as_a_replay_past_the_end() -> None:
+    replay, _, _ = server(batches=10)  # no snapshot maker: a publisher with snapshots off
+    assert ask_snapshot(replay, b"a") is Outcome.SERVED
+    assert [out.frames for out in drain(replay)] == [[b"a", b"", END_FRAME, b""]]
+    # ...which is what a publisher that knows nothing of them does: read the request's last 8
+    # bytes (all ones) or all of it as a start seq past every batch.
+    _, start = parse_replay_request([b"a", b"", snapshot_request()[1][-8:]])
+    assert start == 2**64 - 1
+    assert int.from_bytes(snapshot_request()[1], "big") > 2**64
+
+
+def test_snapshot_requests_count_against_the_replay_limits() -> None:
+    replay, _, _ = snapshot_server(blocks=3, replay_burst=2, replay_rate=0.001)
+    outcomes = [ask_snapshot(replay, b"a") for _ in range(3)]
+    assert outcomes == [Outcome.SERVED, Outcome.SERVED, Outcome.REFUSED]
+    refusal = drain(replay)[0]
+    assert parse_replay_reply(refusal.frames[1:]).refusal  # type: ignore[union-attr]

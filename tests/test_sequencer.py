@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tskv.sequencer import Deliver, Loss, LossReason, RequestReplay, Sequencer
+from tskv.sequencer import (
+    Deliver,
+    DeliverSnapshot,
+    Loss,
+    LossReason,
+    RequestReplay,
+    RequestSnapshot,
+    Sequencer,
+)
 
 
 def p(seq: int) -> bytes:
@@ -356,3 +364,87 @@ def test_every_kind_of_loss_is_logged_and_shown_readably(
         assert "3..5 (snapshot)" in shown and "restored" in shown
     else:
         assert f"3..5 ({reason.value})" in message and f"3..5 ({reason.value})" in shown
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+
+def test_a_snapshot_bootstrap_holds_live_batches_then_goes_on_from_the_snapshot() -> None:
+    s = Sequencer(has_replay=True, start_seq="snapshot")
+    assert s.start() == [RequestSnapshot(1)]
+    assert s.live(5, p(5)) == [] and s.live(7, p(7)) == [] and s.live(8, p(8)) == []
+    assert s.snapshot_part(1, 7, b"part0") == [] and s.snapshot_part(1, 7, b"part1") == []
+    actions = s.replay_ended(1)
+    assert actions[0] == DeliverSnapshot(6, [b"part0", b"part1"], None)  # asked for: no loss
+    assert delivered(actions) == [7, 8]  # 5 is inside the snapshot: not delivered again
+    assert not s.pending and not s.repairing
+
+
+def test_a_snapshot_bootstrap_from_a_publisher_without_them_falls_back_to_replay() -> None:
+    s = Sequencer(has_replay=True, start_seq="snapshot")
+    s.start()
+    s.live(3, p(3))
+    assert s.replay_ended(1) == [RequestReplay(0, 2)]  # the end, and no part: no snapshots
+    actions = s.replayed(2, 2, p(2))  # the buffer starts at 2
+    assert actions == [
+        Loss(0, 1, LossReason.EVICTED),
+        Deliver(2, p(2), True),
+        Deliver(3, p(3), False),
+    ]
+
+
+def repair_until_evicted(s: Sequencer) -> None:
+    """Deliver 0, then see 10 live; replay starts at 5: 1..4 are gone."""
+    s.live(0, p(0))
+    assert s.live(10, p(10)) == [RequestReplay(0, 1)]
+    assert s.replayed(1, 0, p(0)) == []
+    assert s.replayed(1, 5, p(5)) == [RequestSnapshot(2)]
+    assert s.replayed(1, 6, p(6)) == [] and s.replay_ended(1) == []  # the rest: ignored
+
+
+def test_what_replay_lost_is_restored_from_a_snapshot_and_reported_as_replaced() -> None:
+    s = Sequencer(has_replay=True)
+    repair_until_evicted(s)
+    s.snapshot_part(2, 9, b"snap")
+    actions = s.replay_ended(2)
+    assert actions == [DeliverSnapshot(8, [b"snap"], 1), RequestReplay(9, 3)]  # 9 is missing
+    assert delivered(s.replayed(3, 9, p(9))) == [9, 10]
+
+
+def test_a_publisher_without_snapshots_leaves_the_hole_reported_and_is_not_asked_again() -> None:
+    s = Sequencer(has_replay=True)
+    repair_until_evicted(s)
+    actions = s.replay_ended(2)  # no part: this publisher serves no snapshots
+    assert actions == [Loss(1, 4, LossReason.EVICTED), RequestReplay(5, 3)]
+    assert delivered(s.replayed(3, 5, p(5))) == [5]
+    assert s.snapshots is False
+
+
+def test_a_replay_that_ends_without_progress_asks_for_a_snapshot() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    s.live(10, p(10))
+    assert s.replay_ended(1) == [RequestSnapshot(2)]  # nothing at all came back
+
+
+@pytest.mark.parametrize("reason", [LossReason.REPLAY_TIMEOUT, LossReason.REFUSED])
+def test_a_snapshot_that_fails_leaves_the_hole_reported_with_the_reason(reason: LossReason) -> None:
+    s = Sequencer(has_replay=True)
+    repair_until_evicted(s)
+    s.snapshot_part(2, 9, b"half")  # a part arrived, then the endpoint went silent
+    assert s.replay_failed(2, reason) == [Loss(1, 4, reason), RequestReplay(5, 3)]
+
+
+def test_a_snapshot_older_than_our_position_is_a_new_sequence() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(20):
+        s.live(seq, p(seq))
+    s.live(30, p(30))
+    s.replayed(1, 19, p(19))
+    assert s.replayed(1, 25, p(25)) == [RequestSnapshot(2)]
+    s.snapshot_part(2, 4, b"new")  # a restarted publisher's state after its seq 3
+    actions = s.replay_ended(2)
+    assert actions[:2] == [
+        Loss(20, None, LossReason.RESTART, new_seq=4),
+        DeliverSnapshot(3, [b"new"], None),
+    ]

@@ -63,7 +63,7 @@ class PublisherClosedError(trio.ClosedResourceError):
 
 @attrs.frozen
 class PublisherStatistics:
-    """A snapshot of what the publisher has done. Every accepted batch is accounted for:
+    """What the publisher has done so far. Every accepted batch is accounted for:
     accepted == published + queued + unsent_at_shutdown."""
 
     codec: str
@@ -87,6 +87,10 @@ class PublisherStatistics:
     handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
     handshake_failures: int  # connections whose handshake failed: a wrong key, clear text
     events_with_dropped_fields: int  # optional fields the tokenspeed wire has no slot for
+    snapshot_requests: int  # of replay_requests, how many asked for a snapshot
+    snapshots_served: int  # sent whole (counted in replays_completed too)
+    snapshot_parts: int
+    cached_blocks: int | None  # the blocks the stream says are cached; None: snapshots off
 
 
 class Publisher(metaclass=NoPublicConstructor):
@@ -226,6 +230,10 @@ class Publisher(metaclass=NoPublicConstructor):
             handshakes=sum(monitor.handshakes for monitor in self._monitors),
             handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
             events_with_dropped_fields=self._dropped.events,
+            snapshot_requests=0 if replay is None else replay.snapshots,
+            snapshots_served=0 if replay is None else replay.snapshots_completed,
+            snapshot_parts=0 if replay is None else replay.snapshot_parts,
+            cached_blocks=None if self._state is None else self._state.blocks,
         )
 
     async def wait_for_subscriber(self, count: int = 1) -> None:

@@ -1,0 +1,188 @@
+"""Snapshots end to end: late and stalled consumers end with exactly the scheduler's cache,
+however far behind they were, on real sockets with real publishers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+
+import trio
+import trio.testing
+
+import tskv
+from tests.zmq_helpers import LOOPBACK, inproc_name
+from tskv import KVEvent, Loss, LossReason
+from tskv.sim import CacheView, Simulator, Workload, run_round
+
+LIVE_BLOCKS = 2000
+
+
+def churn(count: int, start: int = 0) -> Iterator[list[KVEvent]]:
+    """A cheap scheduler for long streams: one block stored per batch on a chain, the oldest
+    removed once LIVE_BLOCKS are cached, and the whole cache cleared at every 250,000th batch
+    from the 100,000th."""
+    for n in range(start, start + count):
+        events: list[KVEvent] = [tskv.BlockStored([n], n - 1 if n else None, [n & 0xFFFF] * 16, 16)]
+        if n >= LIVE_BLOCKS:
+            events.append(tskv.BlockRemoved([n - LIVE_BLOCKS]))
+        if n % 250_000 == 100_000:
+            events.append(tskv.AllBlocksCleared())
+        yield events
+
+
+async def follow_until(sub: tskv.Subscriber, view: CacheView, last_seq: int) -> None:
+    with trio.fail_after(60):
+        async for seq, batch in sub:
+            view.apply(seq, batch.events)
+            if seq >= last_seq:
+                return
+
+
+async def test_a_consumer_joining_after_a_million_batches_rebuilds_the_cache() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=10_000)
+    scheduler = CacheView()  # what every batch published says, applied in order
+    async with tskv.open_publisher(config) as publisher:
+        for seq, events in enumerate(churn(1_000_000)):
+            await publisher.publish(events)
+            scheduler.apply(seq, events)
+        await trio.testing.wait_all_tasks_blocked()  # the publish task has sent them all
+        assert publisher.statistics().oldest_seq == 990_000  # replay holds the last 10,000
+        losses: list[Loss] = []
+        joined = CacheView()
+        async with tskv.open_subscriber(
+            publisher.endpoint,
+            publisher.replay_endpoint,
+            start_seq="snapshot",
+            on_loss=losses.append,
+        ) as sub:
+            await publisher.wait_for_subscriber()
+            with trio.fail_after(60):
+                seq, snapshot = await sub.__anext__()
+            assert seq == 999_999 and isinstance(snapshot.events[0], tskv.AllBlocksCleared)
+            joined.apply(seq, snapshot.events)
+            assert joined.blocks == scheduler.blocks and len(joined.blocks) == LIVE_BLOCKS
+            for seq, events in enumerate(churn(500, 1_000_000), 1_000_000):  # then live
+                await publisher.publish(events)
+                scheduler.apply(seq, events)
+            await follow_until(sub, joined, 1_000_499)
+            stats = sub.statistics()
+        assert joined.blocks == scheduler.blocks
+        assert losses == [] and (stats.snapshots, stats.lost, stats.replaced) == (1, 0, 0)
+        assert publisher.statistics().snapshots_served == 1
+
+
+async def test_a_consumer_that_stalls_past_the_buffer_is_restored_from_a_snapshot() -> None:
+    endpoint = inproc_name("stall")  # inproc: no kernel buffers, so the HWMs alone decide drops
+    config = tskv.KVEventsConfig(
+        endpoint=endpoint, replay_endpoint=inproc_name("stall-replay"), buffer_steps=500, hwm=50
+    )
+    scheduler, consumer = CacheView(), CacheView()
+    losses: list[Loss] = []
+    async with (
+        tskv.open_publisher(config) as publisher,
+        tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, on_loss=losses.append, hwm=50
+        ) as sub,
+    ):
+        await publisher.wait_for_subscriber()
+        batches = enumerate(churn(8000))
+        for seq, events in islice(batches, 3000):
+            await publisher.publish(events)
+            scheduler.apply(seq, events)
+        await follow_until(sub, consumer, 2999)
+        assert consumer.blocks == scheduler.blocks
+        # The consumer stops reading while 5,000 batches go out: ten times the buffer.
+        for seq, events in batches:
+            await publisher.publish(events)
+            scheduler.apply(seq, events)
+        await follow_until(sub, consumer, 7999)
+        stats = sub.statistics()
+    assert consumer.blocks == scheduler.blocks
+    replaced = [loss for loss in losses if loss.reason is LossReason.SNAPSHOT]
+    assert replaced and stats.snapshots == len(replaced)
+    assert [loss for loss in losses if loss.reason is not LossReason.SNAPSHOT] == []
+    assert stats.lost == 0 and stats.replaced == sum(loss.count or 0 for loss in replaced)
+
+
+async def test_late_joiners_rebuild_each_data_parallel_rank_across_a_cache_reset() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=50)
+    async with (
+        tskv.open_publisher(config, dp_rank=0) as rank0,
+        tskv.open_publisher(config, dp_rank=1) as rank1,
+    ):
+        sims = [Simulator(128, 16), Simulator(128, 16)]
+        workloads = [Workload(1, 16), Workload(2, 16)]
+        for round_ in range(400):
+            for sim, workload, publisher in zip(sims, workloads, [rank0, rank1], strict=True):
+                events = run_round(sim, workload, 1)
+                if round_ == 250 and sim is sims[1]:
+                    events += sim.reset()  # rank 1's engine resets its prefix cache
+                if events:
+                    await publisher.publish(events)
+        for sim, publisher in zip(sims, [rank0, rank1], strict=True):
+            assert publisher.statistics().next_seq > 100  # well past the buffer
+            view = CacheView()
+            async with tskv.open_subscriber(
+                publisher.endpoint, publisher.replay_endpoint, start_seq="snapshot"
+            ) as sub:
+                with trio.fail_after(30):
+                    seq, snapshot = await sub.__anext__()
+                assert snapshot.attn_dp_rank == publisher.dp_rank
+                view.apply(seq, snapshot.events)
+            assert view.blocks == sim.cached_hashes() and view.blocks
+
+
+async def test_a_publisher_without_snapshots_makes_the_late_joiner_fall_back_to_replay() -> None:
+    config = tskv.KVEventsConfig(
+        endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=10, snapshots=False
+    )
+    losses: list[Loss] = []
+    async with tskv.open_publisher(config) as publisher:
+        for events in churn(30):
+            await publisher.publish(events)
+        await trio.testing.wait_all_tasks_blocked()
+        async with tskv.open_subscriber(
+            publisher.endpoint,
+            publisher.replay_endpoint,
+            start_seq="snapshot",
+            on_loss=losses.append,
+        ) as sub:
+            seqs = []
+            with trio.fail_after(30):
+                async for seq, _ in sub:
+                    seqs.append(seq)
+                    if seq == 29:
+                        break
+            stats = sub.statistics()
+    assert seqs == list(range(20, 30))  # what replay still had
+    assert losses == [Loss(0, 19, LossReason.EVICTED)]  # the rest, reported
+    assert stats.snapshots == 0
+    assert publisher.statistics().snapshots_served == 0
+
+
+async def test_the_threaded_publisher_serves_snapshots_of_what_it_published() -> None:
+    publisher = await trio.to_thread.run_sync(
+        lambda: tskv.ZmqEventPublisher(0, endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    )
+    try:
+        scheduler = CacheView()
+
+        def publish_all() -> None:  # from a plain thread, as a non-Trio scheduler does
+            for seq, events in enumerate(churn(3000)):
+                publisher.publish(tskv.KVEventBatch(float(seq), events))
+                scheduler.apply(seq, events)
+
+        await trio.to_thread.run_sync(publish_all)
+        assert publisher.replay_endpoint is not None
+        view = CacheView()
+        async with tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, start_seq="snapshot"
+        ) as sub:
+            with trio.fail_after(30):
+                async for seq, batch in sub:
+                    view.apply(seq, batch.events)
+                    if seq == 2999:
+                        break
+        assert view.blocks == scheduler.blocks and len(view.blocks) == LIVE_BLOCKS
+    finally:
+        await trio.to_thread.run_sync(publisher.shutdown)
