@@ -24,7 +24,8 @@ async def test_demo_with_two_ranks_rebuilds_both_caches_exactly() -> None:
     options = SimOptions(rounds=60, ranks=2, cache_blocks=64, block_size=4, round_interval=0.002)
     assert await demo(options, out, live=False)
     text = out.getvalue()
-    assert text.count(": EQUAL") == 2
+    assert text.count(": EQUAL") == 4  # each rank's subscriber and its late joiner
+    assert text.count("late joiner: joined after seq") == 2
     assert "nothing was lost" in text
     assert "rank 1: " in text
 

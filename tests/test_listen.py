@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 import zmq
 
 import tskv
 from tests.processes import killed_after
 from tests.zmq_helpers import LOOPBACK, raw_socket
-from tskv import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+from tskv import BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, ZmqEventPublisher
 from tskv._cli.listen import format_batch, listen
 from tskv.frames import live_message
 from tskv.testing import ScriptedPublisher
@@ -65,6 +66,27 @@ async def test_listen_repairs_a_gap_made_on_purpose_and_shows_it(
     assert lines[1]["events"] == [{"type": "BlockRemoved", "block_hashes": [1]}]
     assert lines[1]["attn_dp_rank"] == 2
     assert tskv_scripted.replay_requests == [0]  # from the last batch delivered, to compare
+
+
+async def test_listen_from_snapshot_shows_the_whole_cache_then_goes_on_live() -> None:
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=5)
+    out = io.StringIO()
+    async with tskv.open_publisher(config) as publisher:
+        for n in range(20):  # blocks 0..19, then 0..9 removed: 10 cached, 15 batches evicted
+            events = [BlockStored([n], None, [n] * 4, 4)]
+            await publisher.publish(events + ([BlockRemoved([n - 10])] if n >= 10 else []))
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                listen, publisher.endpoint, publisher.replay_endpoint, "", "snapshot", False, out, 2
+            )
+            with trio.fail_after(10):
+                await publisher.wait_for_subscriber()
+            await publisher.publish([BlockRemoved([19])])
+    header, snapshot, live = out.getvalue().splitlines()
+    assert header == "== snapshot: the publisher's whole cache after seq 19, 10 blocks"
+    assert snapshot.startswith("seq=19 ") and "stored=10 removed=0 cleared=1" in snapshot
+    assert live.startswith("seq=20 ") and "removed=1" in live
 
 
 async def test_listen_shows_a_loss_where_it_falls() -> None:
@@ -121,7 +143,7 @@ def test_bad_endpoint_exits_2_with_a_clear_message() -> None:
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 2 and "--from-seq needs --replay" in result.stderr
+    assert result.returncode == 2 and "--from 3 needs --replay-endpoint" in result.stderr
 
 
 def run_listen(*args: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ import trio
 
 import tskv
 from tskv._cli import demo, keys, listen, simulate
-from tskv._cli.options import endpoint, non_negative, sim_flags
+from tskv._cli.options import endpoint, non_negative, sim_flags, start_point
 
 COMMANDS: dict[str, ModuleType] = {
     "listen": listen,
@@ -51,8 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the publisher's replay endpoint (--replay is the older spelling)",
     )
     listen.add_argument("--topic", default="", help="only batches whose topic starts with this")
-    listen.add_argument(
-        "--from-seq", type=non_negative, help="fetch batches from this seq on from replay first"
+    start = listen.add_mutually_exclusive_group()
+    start.add_argument(
+        "--from",
+        dest="start",
+        type=start_point,
+        metavar="snapshot|SEQ",
+        help="start from the publisher's snapshot of its whole cache, or fetch batches from SEQ "
+        "on from replay first",
+    )
+    start.add_argument(
+        "--from-seq", dest="start", type=non_negative, metavar="SEQ", help="the same as --from SEQ"
     )
     listen.add_argument("--json", action="store_true", help="one JSON object per line")
     listen.add_argument(

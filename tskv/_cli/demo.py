@@ -2,7 +2,9 @@
 
 The demo closes the loop: simulated schedulers publish, subscribers rebuild which blocks each
 rank holds, and the run ends by comparing that view with the schedulers' own caches. Equal
-means no event was lost on the way.
+means no event was lost on the way. Halfway through, a late joiner per rank starts from the
+publisher's snapshot (the replay buffer is kept short, so replay alone could not catch it up)
+and must end with the same cache.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import trio
 from tskv._cli.options import sim_options
 from tskv.config import KVEventsConfig
 from tskv.endpoints import LOOPBACK
-from tskv.publisher import open_publisher
+from tskv.events import BlockStored
+from tskv.publisher import Publisher, open_publisher
 from tskv.sequencer import Loss
 from tskv.sim import CacheView, SchedulerLoop, SimOptions, check_options
 from tskv.subscriber import Subscriber, open_subscriber
 
 ENDS_WITH_CTRL_C = False  # it runs to a verdict: Ctrl-C interrupts it (exit status 130)
+BUFFER_STEPS = 64  # short, so the late joiner needs the snapshot
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -32,6 +36,39 @@ async def main(args: argparse.Namespace) -> int:
 async def _consume(sub: Subscriber, view: CacheView) -> None:
     async for seq, batch in sub:
         view.apply(seq, batch.events)
+
+
+class _LateJoiner:
+    """A subscriber that joins halfway, from the publisher's snapshot."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+        self.view = CacheView()
+        self.joined_at: int | None = None  # the seq of the snapshot it started from
+        self.snapshot_blocks = 0
+
+    async def run(self, loop: SchedulerLoop, losses: list[Loss]) -> None:
+        options = loop.options
+        if options.rounds is not None:
+            while loop.rounds < options.rounds // 2:
+                await loop.round_done.park()
+        else:
+            assert options.duration is not None
+            await trio.sleep(options.duration / 2)
+        publisher = self.publisher
+        async with open_subscriber(
+            publisher.endpoint,
+            publisher.replay_endpoint,
+            start_seq="snapshot",
+            on_loss=losses.append,
+        ) as sub:
+            async for seq, batch in sub:
+                if self.joined_at is None:
+                    self.joined_at = seq
+                    self.snapshot_blocks = sum(
+                        len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored)
+                    )
+                self.view.apply(seq, batch.events)
 
 
 def _progress(loop: SchedulerLoop, subs: list[Subscriber], views: list[CacheView]) -> str:
@@ -62,6 +99,7 @@ async def demo(options: SimOptions, out: TextIO = sys.stdout, live: bool | None 
                         replay_endpoint=LOOPBACK,
                         wire_format=options.wire_format,
                         strict=True,
+                        buffer_steps=BUFFER_STEPS,
                     ),
                     rank,
                 )
@@ -84,19 +122,25 @@ async def demo(options: SimOptions, out: TextIO = sys.stdout, live: bool | None 
         )
         loop = SchedulerLoop(options, publishers)
         views = [CacheView() for _ in publishers]
+        late = [_LateJoiner(publisher) for publisher in publishers]
         async with trio.open_nursery() as nursery:
             for sub, view in zip(subs, views, strict=True):
                 nursery.start_soon(_consume, sub, view)
+            for joiner in late:
+                nursery.start_soon(joiner.run, loop, losses)
             nursery.start_soon(_report_progress, loop, subs, views, out, live)
             await loop.run()
             with trio.move_on_after(10):  # let each subscriber catch up with its last batch
                 for view, sub, rank in zip(views, subs, loop.ranks, strict=True):
                     while view.batches + sub.statistics().lost < rank.batches:
                         await view.changed.park()
+                for joiner in late:
+                    while joiner.view.last_seq != joiner.publisher.statistics().next_seq - 1:
+                        await joiner.view.changed.park()
             nursery.cancel_scope.cancel()
         if live:
             print(file=out)
-        return _summary(loop, subs, views, losses, out)
+        return _summary(loop, subs, views, late, losses, out)
 
 
 async def _report_progress(
@@ -116,6 +160,7 @@ def _summary(
     loop: SchedulerLoop,
     subs: list[Subscriber],
     views: list[CacheView],
+    late: list[_LateJoiner],
     losses: list[Loss],
     out: TextIO,
 ) -> bool:
@@ -135,6 +180,21 @@ def _summary(
             f"rank {rank}: {state.batches} batches published, {view.batches} received; "
             f"rebuilt cache of {len(view.blocks)} blocks vs scheduler's {len(actual)}: "
             f"{verdict}{detail}",
+            file=out,
+        )
+    for rank, (state, joiner) in enumerate(zip(loop.ranks, late, strict=True)):
+        actual = state.sim.cached_hashes()
+        equal = joiner.view.blocks == actual and joiner.joined_at is not None
+        all_equal &= equal
+        joined = (
+            "never joined"
+            if joiner.joined_at is None
+            else f"joined after seq {joiner.joined_at} from a snapshot of "
+            f"{joiner.snapshot_blocks} blocks (replay held only the last {BUFFER_STEPS})"
+        )
+        print(
+            f"rank {rank} late joiner: {joined}; rebuilt cache of {len(joiner.view.blocks)} "
+            f"blocks vs scheduler's {len(actual)}: {'EQUAL' if equal else 'DIFFERENT'}",
             file=out,
         )
     for loss in losses:

@@ -8,7 +8,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from tskv.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, event_fields
 from tskv.sequencer import Loss, LossReason
@@ -120,17 +120,25 @@ def loss_json(loss: Loss) -> str:
 
 def summary(sub: Subscriber) -> str:
     s = sub.statistics()
-    return (
+    line = (
         f"tskv listen: {s.delivered} batches ({s.repaired} repaired from replay), "
         f"{s.lost} lost, {s.restarts} restarts, {s.undecodable} undecodable"
     )
+    if s.snapshots:
+        line += f", {s.snapshots} snapshots (standing in for {s.replaced} batches)"
+    return line
+
+
+def snapshot_header(seq: int, batch: KVEventBatch) -> str:
+    blocks = sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored))
+    return f"== snapshot: the publisher's whole cache after seq {seq}, {blocks} blocks"
 
 
 async def listen(
     endpoint: str,
     replay_endpoint: str | None,
     topic: str,
-    start_seq: int | None,
+    start_seq: int | Literal["snapshot"] | None,
     as_json: bool,
     out: TextIO = sys.stdout,
     limit: int | None = None,
@@ -155,8 +163,12 @@ async def listen(
         curve_secret_key=curve_secret_key,
     ) as sub:
         try:
-            count = 0
+            count = snapshots = 0
             async for seq, batch in sub:
+                if sub.statistics().snapshots > snapshots:  # this batch is the snapshot
+                    snapshots += 1
+                    if not as_json:
+                        print(snapshot_header(seq, batch), file=out)
                 print(batch_json(seq, batch) if as_json else format_batch(seq, batch), file=out)
                 out.flush()
                 count += 1
@@ -171,8 +183,8 @@ ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end
 
 
 async def main(args: argparse.Namespace) -> int:
-    if args.from_seq is not None and args.replay is None:
-        raise ValueError("--from-seq needs --replay-endpoint ENDPOINT")
+    if args.start is not None and args.replay is None:
+        raise ValueError(f"--from {args.start} needs --replay-endpoint ENDPOINT")
     if args.curve_secret_key is not None and args.curve_server_key is None:
         raise ValueError("--curve-secret-key needs --curve-server-key FILE")
     for endpoint in (args.endpoint, args.replay):
@@ -183,7 +195,7 @@ async def main(args: argparse.Namespace) -> int:
         args.endpoint,
         args.replay,
         args.topic,
-        args.from_seq,
+        args.start,
         args.json,
         curve_server_key=args.curve_server_key,
         curve_secret_key=args.curve_secret_key,

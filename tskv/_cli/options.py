@@ -25,6 +25,18 @@ def non_negative(value: str) -> int:
     return number
 
 
+def start_point(value: str) -> int | str:
+    """Where `tskv listen` starts: "snapshot", or a seq to fetch from replay."""
+    if value == "snapshot":
+        return value
+    try:
+        return non_negative(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: use snapshot (the publisher's whole cache) or a seq (a whole number)"
+        ) from None
+
+
 def positive_float(value: str) -> float:
     try:
         number = float(value)

@@ -47,6 +47,7 @@ class SchedulerLoop:
     def __init__(self, options: SimOptions, publishers: list[Publisher]) -> None:
         self.options = options
         self.rounds = 0
+        self.round_done = trio.lowlevel.ParkingLot()  # unparked after every round
         self.ranks = [
             _Rank(
                 Simulator(options.cache_blocks, options.block_size, medium=options.medium),
@@ -74,6 +75,7 @@ class SchedulerLoop:
                     rank.batches += 1
                     rank.events += len(events)
             self.rounds += 1
+            self.round_done.unpark_all()
             next_round += self.options.round_interval
             await trio.sleep_until(next_round)  # a steady pace, not drifting with the work
 
