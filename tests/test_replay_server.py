@@ -6,7 +6,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tskv import AllBlocksCleared, BlockStored, KVEventsConfig, decode_batch
+from tskv import (
+    AllBlocksCleared,
+    BlockStored,
+    KVEventBatch,
+    KVEventsConfig,
+    decode_batch,
+    encode_batch,
+)
 from tskv.frames import (
     END_FRAME,
     SnapshotPart,
@@ -287,7 +294,7 @@ def snapshot_server(
     for n in range(blocks):  # one batch per block, each a child of the one before
         events = [BlockStored([n], n - 1 if n else None, [n, n], 2)]
         buffer.append(f"p{n}".encode())
-        state.apply(events)
+        state.apply(encode_batch(KVEventBatch(1.0, events)), events)
 
     def make() -> SnapshotBuilder:
         return SnapshotBuilder(state.freeze(buffer.next_seq), 1.0, 0, "tokenspeed", part_blocks)
@@ -303,7 +310,7 @@ def ask_snapshot(replay: ReplayServer, client: bytes) -> Outcome:
 def test_a_snapshot_request_gets_its_parts_then_the_end_marker() -> None:
     replay, _, state = snapshot_server(blocks=10, part_blocks=4)
     assert ask_snapshot(replay, b"a") is Outcome.SERVED
-    state.apply([AllBlocksCleared()])  # after the request: not in this snapshot
+    state.apply(b"", [AllBlocksCleared()])  # after the request: not in this snapshot
     sent = drain(replay)
     assert seqs(sent, b"a") == [0, 1, 2, None]  # parts 0..2 by index, then the end
     parts = [parse_replay_reply(out.frames[1:]) for out in sent[:-1]]

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, decode_batch
+from tskv.codec import encode_round
 from tskv.snapshot import CacheState, SnapshotBuilder
 
 BLOCK = 2
@@ -37,6 +38,13 @@ def model_apply(model: Model, events: list[KVEvent], order: list[Key] | None = N
                 model.pop((event.medium, block), None)
         else:
             model.clear()
+
+
+def follow(state: CacheState, events: list[KVEvent]) -> None:
+    """What the publish task does with a batch (on the vLLM wire, which keeps every field)."""
+    payload = encode_round(1.0, events, 0, "vllm")
+    if payload is not None:
+        state.apply(payload, events)
 
 
 def snapshot_events(state: CacheState, part_blocks: int = 5) -> tuple[list[KVEvent], int]:
@@ -101,7 +109,7 @@ def test_a_snapshot_rebuilds_every_cached_block_parents_first(
 ) -> None:
     state, model = CacheState(), {}
     for events in batches:
-        state.apply(events)
+        follow(state, events)
         model_apply(model, events)
     assert state.blocks == len(model)  # memory follows the cache, not the history
 
@@ -122,9 +130,9 @@ def test_a_snapshot_rebuilds_every_cached_block_parents_first(
 
 def test_a_parent_stored_again_after_its_child_still_goes_first() -> None:
     state = CacheState()
-    state.apply([BlockStored([1, 2], None, [0] * 4, BLOCK)])  # 1 <- 2
-    state.apply([BlockRemoved([1])])
-    state.apply([BlockStored([1], None, [5, 5], BLOCK)])  # 1 is back, after its child 2
+    follow(state, [BlockStored([1, 2], None, [0] * 4, BLOCK)])  # 1 <- 2
+    follow(state, [BlockRemoved([1])])
+    follow(state, [BlockStored([1], None, [5, 5], BLOCK)])  # 1 is back, after its child 2
     events, _ = snapshot_events(state)
     stores = [e for e in events if isinstance(e, BlockStored)]
     assert [list(e.block_hashes) for e in stores] == [[1], [2]]
@@ -134,8 +142,8 @@ def test_a_parent_stored_again_after_its_child_still_goes_first() -> None:
 def test_a_whole_event_goes_out_as_it_was_and_a_partly_removed_one_in_runs() -> None:
     state = CacheState()
     whole = BlockStored([10, 11], None, [1, 2, 3, 4], BLOCK, lora_name="a")
-    state.apply([whole, BlockStored([20, 21, 22, 23], 11, list(range(8)), BLOCK)])
-    state.apply([BlockRemoved([21])])
+    follow(state, [whole, BlockStored([20, 21, 22, 23], 11, list(range(8)), BLOCK)])
+    follow(state, [BlockRemoved([21])])
     events, _ = snapshot_events(state, part_blocks=100)
     assert events[1] == whole
     assert [(list(e.block_hashes), e.parent_block_hash, list(e.token_ids)) for e in events[2:]] == [  # type: ignore[union-attr]
@@ -147,16 +155,16 @@ def test_a_whole_event_goes_out_as_it_was_and_a_partly_removed_one_in_runs() -> 
 def test_an_empty_or_cleared_cache_is_one_part_that_only_clears() -> None:
     state = CacheState()
     assert snapshot_events(state) == ([AllBlocksCleared()], 1)
-    state.apply([BlockStored([1], None, [0, 0], BLOCK), AllBlocksCleared()])
+    follow(state, [BlockStored([1], None, [0, 0], BLOCK), AllBlocksCleared()])
     assert snapshot_events(state) == ([AllBlocksCleared()], 1)
     assert state.blocks == 0
 
 
 def test_the_frozen_state_is_not_changed_by_later_batches() -> None:
     state = CacheState()
-    state.apply([BlockStored([1, 2], None, [0] * 4, BLOCK)])
+    follow(state, [BlockStored([1, 2], None, [0] * 4, BLOCK)])
     builder = SnapshotBuilder(state.freeze(1), 0.0, 0, "tokenspeed")
-    state.apply([AllBlocksCleared(), BlockStored([9], None, [0, 0], BLOCK)])
+    follow(state, [AllBlocksCleared(), BlockStored([9], None, [0, 0], BLOCK)])
     payload = builder.next_payload()
     assert payload is not None and builder.next_payload() is None
     assert decode_batch(payload).events[1:] == [BlockStored([1, 2], None, [0] * 4, BLOCK)]
@@ -164,9 +172,23 @@ def test_the_frozen_state_is_not_changed_by_later_batches() -> None:
 
 def test_tiers_are_kept_apart() -> None:
     state = CacheState()
-    state.apply(
-        [BlockStored([1], None, [0, 0], BLOCK), BlockStored([1], None, [0, 0], BLOCK, medium="CPU")]
+    follow(
+        state,
+        [
+            BlockStored([1], None, [0, 0], BLOCK),
+            BlockStored([1], None, [0, 0], BLOCK, medium="CPU"),
+        ],
     )
-    state.apply([BlockRemoved([1], medium="CPU")])
+    follow(state, [BlockRemoved([1], medium="CPU")])
     events, _ = snapshot_events(state)
     assert events[1:] == [BlockStored([1], None, [0, 0], BLOCK)]
+
+
+def test_the_state_keeps_no_reference_to_the_schedulers_lists() -> None:
+    state = CacheState()
+    hashes, tokens = [1, 2], [7, 7, 8, 8]
+    follow(state, [BlockStored(hashes, None, tokens, BLOCK)])
+    hashes[:] = [5, 6]  # a scheduler reusing its buffers for the next round
+    tokens[:] = [0, 0, 0, 0]
+    events, _ = snapshot_events(state)
+    assert events[1:] == [BlockStored([1, 2], None, [7, 7, 8, 8], BLOCK)]

@@ -47,8 +47,9 @@ from tskv._trio_zmq import bound_endpoint
 from tskv.codec import encode_round
 from tskv.config import KVEventsConfig
 from tskv.endpoints import LOOPBACK
-from tskv.events import BlockStored, KVEvent, KVEventBatch
+from tskv.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from tskv.publisher import open_publisher
+from tskv.snapshot import CacheState, SnapshotBuilder
 
 SHAPES = {"small": (10, 4, 64), "large": (200, 4, 64), "huge": (1, 2048, 32_768)}
 ROUNDS = {"small": 20_000, "large": 2_000, "huge": 300}
@@ -710,7 +711,193 @@ def memory_section(out: Callable[[str], None]) -> None:
     out(f"- 50 replay clients asking for 10,000 batches, never reading: {grown}")
 
 
-SECTIONS = ["build", "decode", "subscriber", "capacity", "latency", "shutdown", "memory"]
+# -- snapshots: what keeping the state costs ---------------------------------------------------
+
+CACHED = {"small": 10_000, "large": 100_000, "huge": 100_000}  # blocks cached in steady state
+
+
+def churn_maker(shape: str) -> Callable[[], list[KVEvent]]:
+    """Rounds as a busy cache makes them: every block new (fresh hashes and token lists, token
+    ids above 256 as real ones are, so each is an int object of its own), and once the cache is
+    full, as many old blocks removed as were stored."""
+    events, hashes, tokens = SHAPES[shape]
+    per_round = events * hashes
+    window = CACHED[shape] // per_round  # rounds a block stays cached
+    counter = iter(range(1 << 62))
+
+    def make() -> list[KVEvent]:
+        base = next(counter) * per_round
+        made: list[KVEvent] = [
+            BlockStored(
+                list(range(base + n * hashes, base + (n + 1) * hashes)),
+                base + n * hashes - 1 if n else None,
+                list(range(1000 + base, 1000 + base + tokens)),
+                16,
+            )
+            for n in range(events)
+        ]
+        old = base - window * per_round
+        if old >= 0:
+            made.append(BlockRemoved(list(range(old, old + per_round))))
+        return made
+
+    return make
+
+
+def _churn_round(make: Callable[[], list[KVEvent]], state: CacheState | None) -> None:
+    events = make()
+    payload = encode_round(time.time(), events, 0)
+    if state is not None:
+        assert payload is not None
+        state.apply(payload, events)
+
+
+def state_costs() -> dict[str, dict[str, float]]:
+    """µs per round: building and encoding a churning round, then also following it in the
+    state (the publish task's extra work when snapshots are on)."""
+    figures: dict[str, dict[str, float]] = {}
+    for shape in SHAPES:
+        n = {"small": 3000, "large": 200, "huge": 60}[shape]
+        make, state = churn_maker(shape), CacheState()
+        plain = churn_maker(shape)  # its own hashes: the state sees every round of `make`
+        for _ in range(2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1):
+            _churn_round(make, state)  # a full cache: removals as many as stores
+
+        samples: dict[str, list[float]] = {"plain": [], "state": []}
+        for _ in range(3):  # alternating, so drift hits both alike
+            samples["plain"].append(_per_call(partial(_churn_round, plain, None), n, reps=1))
+            samples["state"].append(_per_call(partial(_churn_round, make, state), n, reps=1))
+        figures[shape] = {name: statistics.median(v) for name, v in samples.items()}
+        figures[shape]["blocks"] = state.blocks
+    return figures
+
+
+def _state_memory(shape: str, conn: Connection) -> None:
+    """Bytes per cached block the state keeps alive (its entries and the events they hold),
+    measured with tracemalloc in a fresh process."""
+    import tracemalloc
+
+    make, state = churn_maker(shape), CacheState()
+    tracemalloc.start()
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1):
+        _churn_round(make, state)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    conn.send(grown / state.blocks)
+
+
+def _snapshot_time(blocks_wanted: int, conn: Connection) -> None:
+    """Freezing the state (done at once, holding up live batches) and making every part (done a
+    part at a time between live batches), in ms."""
+    make, state = churn_maker("large"), CacheState()
+    while state.blocks < blocks_wanted:
+        _churn_round(make, state)
+    started = time.perf_counter()
+    frozen = state.freeze(0)
+    frozen_at = time.perf_counter()
+    builder = SnapshotBuilder(frozen, 0.0, 0, "tokenspeed")
+    longest = 0.0
+    while True:
+        part_started = time.perf_counter()
+        if builder.next_payload() is None:
+            break
+        longest = max(longest, time.perf_counter() - part_started)
+    done = time.perf_counter()
+    conn.send(
+        {
+            "blocks": state.blocks,
+            "freeze_ms": (frozen_at - started) * 1e3,
+            "parts_ms": (done - frozen_at) * 1e3,
+            "parts": builder.parts_made,
+            "longest_part_ms": longest * 1e3,
+        }
+    )
+
+
+def run_snapshot_capacity(shape: str, count: int, snapshots: bool) -> Row:
+    """The Trio publisher with a replay endpoint, churning rounds, snapshots on or off."""
+    make = churn_maker(shape)
+    result: Row = {}
+
+    async def main() -> None:
+        config = KVEventsConfig(
+            endpoint=LOOPBACK, replay_endpoint=LOOPBACK, hwm=0, snapshots=snapshots
+        )
+        async with open_publisher(config) as publisher:
+            for _ in range(2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1):
+                await publisher.publish(make())  # fill the cache first: a steady state
+            with child(_counting_subscriber, publisher.endpoint, count) as conn:
+                await trio.to_thread.run_sync(conn.recv)
+                await publisher.wait_for_subscriber()
+                started = time.monotonic()
+                for _ in range(count):
+                    await publisher.publish(make())
+                received, _, last = await trio.to_thread.run_sync(conn.recv)
+        result.update(_rates(count, received, started, last))
+
+    trio.run(main)
+    return result
+
+
+def snapshots_section(reps: int, out: Callable[[str], None]) -> None:
+    out("\n## Snapshots: what keeping the cache's state costs\n")
+    out(
+        "Rounds that churn as a full cache does (every block new, as many removed), µs per round "
+        "(median of 3):\n"
+    )
+    out("| shape | blocks cached | build + encode | + follow in the state | extra | × |")
+    out("|---|---|---|---|---|---|")
+    for shape, row in state_costs().items():
+        extra = row["state"] - row["plain"]
+        out(
+            f"| {shape} | {row['blocks']:,.0f} | {row['plain']:.1f} | {row['state']:.1f} | "
+            f"{extra:.1f} | {row['state'] / row['plain']:.2f} |"
+        )
+    out("\nPublisher capacity with a replay endpoint, churning rounds (batches/s):\n")
+    out("| shape | snapshots off | snapshots on | on × off |")
+    out("|---|---|---|---|")
+    for shape in SHAPES:
+        count = ROUNDS[shape] // 2
+        runs: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(reps):
+            for snapshots in runs:
+                gc.collect()
+                runs[snapshots].append(
+                    run_snapshot_capacity(shape, count, snapshots)["batches_per_s"]
+                )
+        ratio = statistics.median(runs[True]) / statistics.median(runs[False])
+        out(f"| {shape} | {fmt(runs[False])} | {fmt(runs[True])} | {ratio:.2f} |")
+    out("\nMemory the state keeps alive per cached block (tracemalloc, fresh process):\n")
+    for shape in SHAPES:
+        _, hashes, tokens = SHAPES[shape]
+        per_block = in_fresh_process(_state_memory, shape)
+        out(
+            f"- {shape} rounds ({tokens // hashes} tokens a block): {per_block:,.0f} B per block, "
+            f"{per_block * 1e6 / 2**20:,.0f} MiB per million blocks"
+        )
+    out("\nServing one snapshot (fresh process each):\n")
+    out("| blocks | freeze (at once) | make every part | parts | longest part |")
+    out("|---|---|---|---|---|")
+    for blocks in (10_000, 100_000, 1_000_000):
+        t = in_fresh_process(_snapshot_time, blocks)
+        out(
+            f"| {t['blocks']:,} | {t['freeze_ms']:.1f} ms | {t['parts_ms']:.0f} ms | "
+            f"{t['parts']:,} | {t['longest_part_ms']:.2f} ms |"
+        )
+
+
+SECTIONS = [
+    "build",
+    "decode",
+    "subscriber",
+    "capacity",
+    "latency",
+    "shutdown",
+    "memory",
+    "snapshots",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -744,6 +931,8 @@ def main(argv: list[str] | None = None) -> int:
         shutdown_section(out)
     if "memory" in sections:
         memory_section(out)
+    if "snapshots" in sections:
+        snapshots_section(args.reps, out)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")
     return 0
 

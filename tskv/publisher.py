@@ -253,7 +253,7 @@ class Publisher(metaclass=NoPublicConstructor):
         payload, events = queued
         seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
         if self._state is not None:
-            self._state.apply(events)  # with the seq, so a snapshot is the state at a seq
+            self._state.apply(payload, events)  # with the seq: a snapshot is the state at a seq
         message = frames.live_message(self._topic, seq, payload)
         try:
             self._pub.send_nowait(message, len(payload) < ZERO_COPY_BYTES)

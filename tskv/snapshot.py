@@ -1,10 +1,13 @@
 """The cache a publisher's stream describes, and the snapshot that restores it: no I/O.
 
-`CacheState` follows every batch the publisher sends: for each cached block, the event that
-stored it (a reference, not a copy, so a block costs one dict entry). `SnapshotBuilder` turns
-a frozen copy of that state into batches that clear and then store every cached block, parents
-before children, a bounded amount of work per batch so the replay task that sends them never
-holds up live batches. docs/wire.md#snapshots specifies what goes on the wire.
+`CacheState` follows every batch the publisher sends: for each cached block, where the event
+that stored it is (the batch's encoded payload, which the replay buffer holds anyway, and the
+event's index in it). A block costs one dict entry; the events themselves are not kept, so the
+garbage collector has nothing more to walk and a scheduler may reuse its lists. `SnapshotBuilder`
+turns a frozen copy of that state into batches that clear and then store every cached block,
+parents before children, decoding each payload again only when a snapshot needs it, a bounded
+amount of work per batch so the replay task that sends them never holds up live batches.
+docs/wire.md#snapshots specifies what goes on the wire.
 """
 
 from __future__ import annotations
@@ -14,36 +17,37 @@ from collections.abc import Iterator, Sequence
 from itertools import repeat
 from typing import Any
 
-from tskv.codec import WireFormat, encode_round
+from tskv.codec import WireFormat, decode_batch, encode_round
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
 
 Tier = tuple[str | None, int | None]  # (medium, group_idx): a block is cached per tier
-Blocks = dict[int, BlockStored]  # hash -> the event that stored it, in the order lives began
+Stored = tuple[bytes, int]  # an event: the payload of its batch, and its index there
+Blocks = dict[int, Stored]  # hash -> the event that stored it, in the order lives began
 
 
 class CacheState:
     """The blocks the stream says are cached: stored, not removed since, nor cleared.
 
-    Memory follows the cache, not history: a removed block's entry goes, and an event is kept
-    only while one of its blocks is cached. The events are the ones published, so a scheduler
-    must not change an event's lists after publishing it (tskv never copies them).
+    Memory follows the cache, not history: a removed block's entry goes, and a payload is kept
+    only while one of its blocks is cached.
     """
 
     def __init__(self) -> None:
         self.tiers: dict[Tier, Blocks] = {}
 
-    def apply(self, events: Sequence[KVEvent]) -> None:
-        """Follow one batch. Runs once per published batch, so the per-block work is C loops."""
+    def apply(self, payload: bytes, events: Sequence[KVEvent]) -> None:
+        """Follow one batch: its events, and the payload they were encoded into. Runs once per
+        published batch, so the per-block work is C loops."""
         tiers = self.tiers
-        for event in events:
+        for index, event in enumerate(events):
             if isinstance(event, BlockStored):
                 tier = (event.medium, event.group_idx)
                 blocks = tiers.get(tier)
                 if blocks is None:
                     blocks = tiers[tier] = {}
-                blocks.update(zip(event.block_hashes, repeat(event)))
+                blocks.update(zip(event.block_hashes, repeat((payload, index))))
             elif isinstance(event, BlockRemoved):
                 blocks = tiers.get((event.medium, event.group_idx))
                 if blocks:
@@ -145,8 +149,14 @@ def _runs(blocks: Blocks) -> Iterator[BlockStored]:
     """Consecutive cached blocks stored by the same event, as one BlockStored each."""
     items = iter(blocks.items())
     pending = next(items, None)
+    decoded: tuple[bytes, Sequence[KVEvent]] = (b"", [])  # the last payload read again
     while pending is not None:
-        first, event = pending
+        first, stored = pending
+        payload, index = stored
+        if payload is not decoded[0]:  # one batch's blocks come together: decode it once
+            decoded = (payload, decode_batch(payload).events)
+        event = decoded[1][index]
+        assert isinstance(event, BlockStored)
         hashes = event.block_hashes
         start = hashes.index(first)
         end = start + 1
@@ -154,7 +164,7 @@ def _runs(blocks: Blocks) -> Iterator[BlockStored]:
         while (
             pending is not None
             and end < len(hashes)
-            and pending[1] is event
+            and pending[1] is stored
             and pending[0] == hashes[end]
         ):
             end += 1

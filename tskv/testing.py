@@ -109,7 +109,7 @@ class ScriptedPublisher:
         seq = self._take(seq)
         events = list(events)
         body = payload if payload is not None else self.payload(events)
-        self.state.apply(events)
+        self.state.apply(body, events)
         self.buffer[seq] = body
         self._send_live(seq, body)
         return seq
@@ -119,7 +119,7 @@ class ScriptedPublisher:
         seq = self._take(None)
         events = list(events)
         self.buffer[seq] = self.payload(events)
-        self.state.apply(events)
+        self.state.apply(self.buffer[seq], events)
         return seq
 
     def skip(self, count: int = 1) -> range:
