@@ -18,6 +18,7 @@ CORE = [
     "replay_buffer",
     "replay_limits",
     "replay_server",
+    "snapshot",
 ]
 
 # Load tskv/<module>.py and what it imports without running tskv/__init__.py (which re-exports
