@@ -19,6 +19,7 @@ CORE = [
     "replay_limits",
     "replay_server",
     "snapshot",
+    "prefix_index",
 ]
 
 # Load tskv/<module>.py and what it imports without running tskv/__init__.py (which re-exports

@@ -5,6 +5,7 @@ from tskv.config import ConfigError, KVEventsConfig
 from tskv.endpoints import EndpointError, offset_endpoint_port
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from tskv.key_files import KeyFileError
+from tskv.prefix_index import Match, PrefixIndex
 from tskv.publisher import (
     Publisher,
     PublisherClosedError,
@@ -20,6 +21,7 @@ from tskv.threaded import (
     PublisherFailedError,
     ZmqEventPublisher,
 )
+from tskv.watcher import Watcher, WorkerStatus, open_watcher
 
 __all__ = [
     "AllBlocksCleared",
@@ -34,14 +36,18 @@ __all__ = [
     "KeyFileError",
     "Loss",
     "LossReason",
+    "Match",
     "NullEventPublisher",
+    "PrefixIndex",
     "Publisher",
     "PublisherClosedError",
     "PublisherFailedError",
     "PublisherStatistics",
     "Subscriber",
     "SubscriberStatistics",
+    "Watcher",
     "WireError",
+    "WorkerStatus",
     "ZmqEventPublisher",
     "codec_name",
     "decode_batch",
@@ -50,6 +56,7 @@ __all__ = [
     "offset_endpoint_port",
     "open_publisher",
     "open_subscriber",
+    "open_watcher",
     "scheduler_kv_event_to_wire_event",
 ]
 

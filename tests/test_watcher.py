@@ -1,0 +1,114 @@
+"""The watcher keeps a PrefixIndex equal to every worker's cache, on real sockets, and says
+which workers it cannot vouch for."""
+
+from __future__ import annotations
+
+import trio
+
+import tskv
+from tests.zmq_helpers import LOOPBACK
+from tskv import AllBlocksCleared, BlockStored, LossReason
+from tskv.sim import Simulator, Workload, run_round
+from tskv.testing import ScriptedPublisher
+
+CONFIG = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=20)
+
+
+async def test_the_index_equals_every_workers_cache_joined_early_or_late() -> None:
+    index = tskv.PrefixIndex(16)
+    async with tskv.open_publisher(CONFIG, 0) as a, tskv.open_publisher(CONFIG, 1) as b:
+        workers = {("a", 0): a, ("b", 1): b}
+        sims = {name: (Simulator(64, 16), Workload(seed, 16)) for seed, name in enumerate(workers)}
+
+        async def rounds(count: int) -> None:
+            for _ in range(count):
+                for name, publisher in workers.items():
+                    sim, workload = sims[name]
+                    events = run_round(sim, workload, 1)
+                    if events:
+                        await publisher.publish(events)
+
+        await rounds(100)  # far past the 20-batch buffer before anyone watches
+        async with tskv.open_watcher(index) as watcher:
+            for name, publisher in workers.items():
+                watcher.add(name, publisher.endpoint, publisher.replay_endpoint)
+            assert index.stale == set(workers)  # nothing known yet
+            await rounds(50)
+            with trio.fail_after(20):
+                for name, publisher in workers.items():
+                    await publisher.wait_for_subscriber()
+                    await watcher.wait_for_seq(name, publisher.statistics().next_seq - 1)
+            for name, (sim, _) in sims.items():
+                assert index.engine_hashes(name) == sim.cached_hashes()
+            assert not index.stale  # each started from a snapshot: whole
+            watcher.remove(("a", 0))
+            assert index.workers == [("b", 1)] and watcher.workers == [("b", 1)]
+
+
+async def test_a_loss_marks_the_worker_stale_until_its_view_is_whole_again(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    tskv_scripted.snapshots = False  # a publisher that cannot restore a lost view
+    index = tskv.PrefixIndex(2)
+    async with tskv.open_watcher(index) as watcher:
+        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
+        with trio.fail_after(10):
+            await tskv_scripted.wait_for_subscriber()
+        assert index.stale == {"w"}  # nothing known of it yet
+        tskv_scripted.send([BlockStored([1], None, [1, 1], 2)])
+        tskv_scripted.send([BlockStored([2], None, [2, 2], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 1)
+        # Followed from seq 0 (no snapshot here: the bootstrap fell back to replay): whole.
+        assert index.match([2, 2]) == {"w": 1} and not index.match([2, 2]).stale
+        tskv_scripted.skip(3)  # lost for good: this publisher has no snapshots
+        tskv_scripted.send([BlockStored([3], None, [3, 3], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 5)
+        result = index.match([3, 3])
+        assert result == {"w": 1} and result.stale == {"w"}  # known to be incomplete
+        assert watcher.status("w").losses == 1
+        tskv_scripted.send([AllBlocksCleared(), BlockStored([4], None, [4, 4], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 6)
+        assert index.engine_hashes("w") == {4}
+        assert index.match([4, 4]) == {"w": 1} and not index.stale  # whole again
+
+
+async def test_a_hole_is_repaired_from_a_snapshot_and_the_worker_is_whole_again(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    index = tskv.PrefixIndex(2)
+    losses: list[tuple[object, tskv.Loss]] = []
+    async with tskv.open_watcher(
+        index, on_loss=lambda w, loss: losses.append((w, loss))
+    ) as watcher:
+        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
+        with trio.fail_after(10):
+            await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send([BlockStored([1], None, [1, 1], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 0)
+        tskv_scripted.skip(2)  # gone from the buffer, but the snapshot has them
+        tskv_scripted.send([BlockStored([4], 1, [4, 4], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 3)
+    assert [(w, loss.reason) for w, loss in losses] == [("w", LossReason.SNAPSHOT)]
+    assert index.match([1, 1, 4, 4]) == {"w": 2} and not index.stale
+
+
+async def test_one_workers_failure_does_not_stop_the_others(tmp_path: object) -> None:
+    index = tskv.PrefixIndex(2)
+    async with tskv.open_publisher(CONFIG) as good, tskv.open_watcher(index) as watcher:
+        watcher.add("broken", good.endpoint, curve_server_key="/nonexistent/server.key")
+        watcher.add("good", good.endpoint, good.replay_endpoint)
+        with trio.fail_after(10):
+            await good.wait_for_subscriber()
+            await good.publish([BlockStored([1], None, [1, 1], 2)])
+            await watcher.wait_for_seq("good", 0)
+        assert index.match([1, 1]) == {"good": 1}
+        assert watcher.status("broken").failures >= 1
+        assert "nonexistent" in (watcher.status("broken").last_error or "")
+        assert index.stale == {"broken"}
+        watcher.remove("broken")
+        assert index.stale == frozenset()

@@ -1,0 +1,260 @@
+"""Which worker holds the longest prefix of a request: the KV-aware router's index, no I/O.
+
+The index keys a block by its content, not by the engine's hash: a block's key is Python's
+hash of its parent's key and its own token ids (and, at the root, the LoRA name; per block, the
+extra keys when the engine sends them). So it works whatever hashing scheme the engine uses
+(TokenSpeed's FNV, vLLM's SHA-256 or xxHash, the simulator's), and a query needs only the
+request's token ids. The engine's hashes are kept per worker only to resolve parents and
+removals. For each key the index keeps a bit mask of the workers holding it, so a query is one
+dict lookup and one AND per block, for all workers at once.
+
+Keys are Python `hash()` values: 64 bits, stable within a process (ints and tuples of them do
+not depend on PYTHONHASHSEED; a LoRA name does, which is fine as the index lives in one
+process). Two different prefixes share a key with odds of about n²/2⁶⁴ for n cached blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
+
+from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+
+Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
+_ROOT = "tskv-prefix-root"
+_ABSENT = -1  # hash() never returns -1, so no key is ever this
+BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
+
+
+def root_key(lora_name: str | None) -> int:
+    """The key a chain hangs from: prefixes cached under different LoRA adapters differ."""
+    return hash((_ROOT, lora_name))
+
+
+def _frozen(value: Any) -> Any:
+    """Extra keys as something hashable (they arrive as lists from the wire)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+class Match(dict[Worker, int]):
+    """What `PrefixIndex.match` answers: worker -> how many leading blocks of the request it
+    holds (workers that hold none are absent), and `stale`: the workers whose view is known to
+    be incomplete right now, whose counts a router should not trust."""
+
+    __slots__ = ("stale",)
+
+    def __init__(self, counts: dict[Worker, int], stale: frozenset[Worker]) -> None:
+        super().__init__(counts)
+        self.stale = stale
+
+    def best(self, trusted_only: bool = True) -> tuple[Worker | None, int]:
+        """The worker with the most leading blocks, and how many (None, 0 if none holds any)."""
+        candidates = [(n, w) for w, n in self.items() if not (trusted_only and w in self.stale)]
+        if not candidates:
+            return None, 0
+        count, worker = max(candidates, key=lambda item: item[0])
+        return worker, count
+
+
+class _WorkerView:
+    __slots__ = ("bit", "blocks", "refs")
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+        self.blocks: dict[BlockId, int | None] = {}  # engine hash (and tier) -> key
+        self.refs: dict[int, int] = {}  # key -> how many of this worker's blocks have it
+
+
+class PrefixIndex:
+    """A prefix index over many workers' KV event streams."""
+
+    def __init__(self, block_size: int = 16) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size = {block_size!r} must be a positive int (tokens a block)")
+        self.block_size = block_size
+        self._holders: dict[int, int] = {}  # key -> bit mask of the workers holding it
+        self._views: dict[Worker, _WorkerView] = {}
+        self._by_bit: dict[int, Worker] = {}
+        self._free_bits: list[int] = []
+        self._stale: set[Worker] = set()
+        self.orphans = 0  # blocks stored under a parent this index never saw: not matchable
+        self.mismatched = 0  # BlockStored events whose block_size differs from the index's
+
+    # -- the stream's side ------------------------------------------------------------------
+
+    def _view(self, worker: Worker) -> _WorkerView:
+        view = self._views.get(worker)
+        if view is None:
+            bit = self._free_bits.pop() if self._free_bits else 1 << len(self._views)
+            view = self._views[worker] = _WorkerView(bit)
+            self._by_bit[bit] = worker
+        return view
+
+    def apply(self, worker: Worker, batch: KVEventBatch | Iterable[KVEvent]) -> None:
+        """Apply one batch of `worker`'s events, in order. An AllBlocksCleared makes the
+        worker's view complete again (from there on the index knows its whole cache)."""
+        view = self._view(worker)
+        events = batch.events if isinstance(batch, KVEventBatch) else batch
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._store(view, event)
+            elif isinstance(event, BlockRemoved):
+                self._remove(view, event.medium, event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                self._clear(view)
+                self._stale.discard(worker)
+
+    def _store(self, view: _WorkerView, event: BlockStored) -> None:
+        size = self.block_size
+        if event.block_size != size:
+            self.mismatched += 1  # its tokens cut into other blocks than queries do
+        tier = event.medium
+        blocks, refs, holders, bit = view.blocks, view.refs, self._holders, view.bit
+        parent = event.parent_block_hash
+        key: int | None
+        if parent is None:
+            key = root_key(event.lora_name)
+        else:
+            key = blocks.get(parent if tier is None else (tier, parent))
+        tokens = event.token_ids
+        extra = event.extra_keys
+        for index, block in enumerate(event.block_hashes):
+            chunk = tokens[index * size : (index + 1) * size]
+            if key is None or len(chunk) != size:
+                key = None  # no parent known, or tokens missing: no query can reach it
+                self.orphans += 1
+            elif extra is not None and index < len(extra) and extra[index] is not None:
+                key = hash((key, tuple(chunk), _frozen(extra[index])))
+            else:
+                key = hash((key, tuple(chunk)))
+            block_id: BlockId = block if tier is None else (tier, block)
+            old = blocks.get(block_id, _ABSENT)
+            if old == key:
+                continue  # stored again: nothing changes
+            if old != _ABSENT:
+                self._release(view, old)
+            blocks[block_id] = key
+            if key is not None:
+                held = refs.get(key, 0)
+                refs[key] = held + 1
+                if not held:
+                    holders[key] = holders.get(key, 0) | bit
+
+    def _release(self, view: _WorkerView, key: int | None) -> None:
+        if key is None:
+            return
+        held = view.refs[key] - 1
+        if held:
+            view.refs[key] = held
+            return
+        del view.refs[key]
+        mask = self._holders[key] & ~view.bit
+        if mask:
+            self._holders[key] = mask
+        else:
+            del self._holders[key]
+
+    def _remove(self, view: _WorkerView, tier: str | None, hashes: Sequence[int]) -> None:
+        blocks = view.blocks
+        for block in hashes:
+            key = blocks.pop(block if tier is None else (tier, block), _ABSENT)
+            if key != _ABSENT:
+                self._release(view, key)
+
+    def _clear(self, view: _WorkerView) -> None:
+        holders, keep = self._holders, ~view.bit
+        for key in view.refs:
+            mask = holders[key] & keep
+            if mask:
+                holders[key] = mask
+            else:
+                del holders[key]
+        view.refs.clear()
+        view.blocks.clear()
+
+    def mark_stale(self, worker: Worker) -> None:
+        """The worker's view is incomplete (a loss was reported) until `mark_current` or an
+        AllBlocksCleared (a snapshot starts with one)."""
+        self._view(worker)
+        self._stale.add(worker)
+
+    def mark_current(self, worker: Worker) -> None:
+        self._stale.discard(worker)
+
+    def clear_worker(self, worker: Worker) -> None:
+        """Forget what `worker` holds (its engine restarted with an empty cache), keeping it."""
+        view = self._views.get(worker)
+        if view is not None:
+            self._clear(view)
+
+    def remove_worker(self, worker: Worker) -> None:
+        view = self._views.pop(worker, None)
+        if view is None:
+            return
+        self._clear(view)
+        del self._by_bit[view.bit]
+        self._free_bits.append(view.bit)
+        self._stale.discard(worker)
+
+    # -- the router's side ------------------------------------------------------------------
+
+    def match(
+        self,
+        token_ids: Sequence[int],
+        *,
+        lora_name: str | None = None,
+        extra_keys: Sequence[Any] | None = None,
+    ) -> Match:
+        """For each worker, how many of the request's leading full blocks it holds."""
+        size = self.block_size
+        holders, by_bit = self._holders, self._by_bit
+        counts: dict[Worker, int] = {}
+        key = root_key(lora_name)
+        active = -1  # every worker, until the first block says otherwise
+        depth = 0
+        for depth in range(len(token_ids) // size):
+            chunk = tuple(token_ids[depth * size : (depth + 1) * size])
+            if extra_keys is not None and depth < len(extra_keys) and extra_keys[depth] is not None:
+                key = hash((key, chunk, _frozen(extra_keys[depth])))
+            else:
+                key = hash((key, chunk))
+            held = active & holders.get(key, 0)
+            if held != active and depth:  # some workers' prefixes end here
+                _credit(active & ~held, depth, by_bit, counts)
+            active = held
+            if not active:
+                break
+        else:
+            if active > 0:
+                _credit(active, depth + 1, by_bit, counts)
+        return Match(counts, frozenset(self._stale))
+
+    # -- what the index holds ---------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[Worker]:
+        return list(self._views)
+
+    @property
+    def stale(self) -> frozenset[Worker]:
+        return frozenset(self._stale)
+
+    def engine_hashes(self, worker: Worker) -> set[int]:
+        """The engine's hashes of the blocks `worker` holds, as its stream says."""
+        view = self._views.get(worker)
+        if view is None:
+            return set()
+        return {block if isinstance(block, int) else block[1] for block in view.blocks}
+
+    def __len__(self) -> int:
+        """Distinct blocks (by content) held by any worker."""
+        return len(self._holders)
+
+
+def _credit(mask: int, depth: int, by_bit: dict[int, Worker], counts: dict[Worker, int]) -> None:
+    while mask:
+        low = mask & -mask
+        counts[by_bit[low]] = depth
+        mask ^= low
