@@ -135,7 +135,7 @@ async def demo(options: SimOptions, out: TextIO = sys.stdout, live: bool | None 
                     while view.batches + sub.statistics().lost < rank.batches:
                         await view.changed.park()
                 for joiner in late:
-                    while joiner.view.last_seq != joiner.publisher.statistics().next_seq - 1:
+                    while joiner.view.last_seq != joiner.publisher.statistics().accepted - 1:
                         await joiner.view.changed.park()
             nursery.cancel_scope.cancel()
         if live:
