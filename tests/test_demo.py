@@ -136,3 +136,16 @@ async def test_simulate_on_the_vllm_wire_sends_the_medium_it_is_given() -> None:
         if not isinstance(event, tskv.AllBlocksCleared)
     )
     assert publisher.statistics().events_with_dropped_fields == 0
+
+
+async def test_routing_by_the_index_beats_round_robin_and_random_and_equals_the_caches() -> None:
+    from tskv.sim.routing import RoutingOptions, compare
+
+    lines: list[str] = []
+    results = await compare(RoutingOptions(workers=3, rounds=120, cache_blocks=128), lines.append)
+    indexed, round_robin, randomly = results
+    assert indexed.index_equal  # the index equalled every worker's real cache at the end
+    assert indexed.hit_rate > max(round_robin.hit_rate, randomly.hit_rate)
+    assert indexed.prefilled_tokens < min(round_robin.prefilled_tokens, randomly.prefilled_tokens)
+    assert any(line.startswith("prefix index |") for line in lines)  # the chart
+    assert "the index equals every worker's cache: yes" in lines[-1]

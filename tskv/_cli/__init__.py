@@ -18,7 +18,7 @@ import trio
 
 import tskv
 from tskv._cli import demo, keys, listen, simulate
-from tskv._cli.options import endpoint, non_negative, sim_flags, start_point
+from tskv._cli.options import endpoint, non_negative, positive, sim_flags, start_point
 
 COMMANDS: dict[str, ModuleType] = {
     "listen": listen,
@@ -82,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
         "equal the schedulers' own (exit status 1 if not).",
     )
     sim_flags(demo)
+    demo.add_argument(
+        "--route",
+        type=positive,
+        metavar="WORKERS",
+        help="instead: route a shared-prefix workload across WORKERS simulated workers by the "
+        "prefix index, round-robin and at random, and compare their prefix cache hit rates",
+    )
+    demo.add_argument(
+        "--plot", metavar="PNG", help="with --route: also save a bar chart (needs matplotlib)"
+    )
 
     simulate = commands.add_parser(
         "simulate",

@@ -23,6 +23,7 @@ from tskv.events import BlockStored
 from tskv.publisher import Publisher, open_publisher
 from tskv.sequencer import Loss
 from tskv.sim import CacheView, SchedulerLoop, SimOptions, check_options
+from tskv.sim.routing import RoutingOptions, compare
 from tskv.subscriber import Subscriber, open_subscriber
 
 ENDS_WITH_CTRL_C = False  # it runs to a verdict: Ctrl-C interrupts it (exit status 130)
@@ -30,6 +31,20 @@ BUFFER_STEPS = 64  # short, so the late joiner needs the snapshot
 
 
 async def main(args: argparse.Namespace) -> int:
+    if args.route is not None:
+        options = sim_options(args)
+        routing = RoutingOptions(
+            workers=args.route,
+            rounds=options.rounds or 300,
+            requests_per_round=options.requests_per_round,
+            block_size=options.block_size,
+            cache_blocks=options.cache_blocks,
+            seed=options.seed,
+        )
+        results = await compare(routing, print, args.plot)
+        return 0 if results[0].index_equal else 1
+    if args.plot is not None:
+        raise ValueError("--plot goes with --route WORKERS")
     return 0 if await demo(sim_options(args)) else 1
 
 
