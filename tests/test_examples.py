@@ -55,3 +55,41 @@ def test_the_testing_guide_example_passes_in_a_project_of_its_own(tmp_path: Path
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "10 passed" in result.stdout
+
+
+async def test_the_routing_guide_router_sends_a_request_to_the_worker_with_its_prefix() -> None:
+    import importlib.util
+
+    import trio
+
+    import tskv
+    from tests.zmq_helpers import LOOPBACK
+
+    spec = importlib.util.spec_from_file_location("router_example", EXAMPLES / "router.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    prompt = list(range(100, 164))  # four blocks of 16
+    index = tskv.PrefixIndex(16)
+    async with tskv.open_publisher(config) as a, tskv.open_publisher(config, 1) as b:
+        await a.publish([tskv.BlockStored([1, 2], None, prompt[:32], 16)])
+        await b.publish([tskv.BlockStored([7, 8, 9], None, prompt[:48], 16)])
+        async with tskv.open_watcher(index) as watcher:
+            watcher.add("a", a.endpoint, a.replay_endpoint)
+            watcher.add("b", b.endpoint, b.replay_endpoint)
+            with trio.fail_after(10):
+                await watcher.wait_for_seq("a", 0)
+                await watcher.wait_for_seq("b", 0)
+            router = example.Router(watcher)
+            assert router.route(prompt) == ("b", 3)
+            index.mark_stale("b")  # as the watcher does when b's stream reports a loss
+            assert router.route(prompt) == ("a", 2)
+            assert router.route([0] * 16)[1] == 0  # nobody has it: the fallback
+
+
+def test_the_routing_guide_shows_the_tested_example_as_it_is() -> None:
+    source = (EXAMPLES / "router.py").read_text()
+    guide = (EXAMPLES.parent / "routing.md").read_text()
+    assert source[source.index("import itertools") :] in guide
