@@ -30,5 +30,11 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    session.install("-e", ".[fast]")
+    session.install("-e", ".[fast,test]")
+    try:  # Dynamo's index, to compare with (Linux x86-64 wheels only); optional
+        session.install("ai-dynamo-runtime")
+    except nox.command.CommandFailed:
+        session.log("ai-dynamo-runtime does not install here: the Dynamo columns are skipped")
+    else:  # Dynamo's own ZMQ indexer reads tskv's stream on both wires
+        session.run("pytest", "-q", "tests/test_dynamo.py")
     session.run("python", "-m", "tskv.bench", *session.posargs)

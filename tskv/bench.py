@@ -897,6 +897,7 @@ SECTIONS = [
     "shutdown",
     "memory",
     "snapshots",
+    "index",
 ]
 
 
@@ -933,6 +934,10 @@ def main(argv: list[str] | None = None) -> int:
         memory_section(out)
     if "snapshots" in sections:
         snapshots_section(args.reps, out)
+    if "index" in sections:
+        from tskv.bench_index import index_section
+
+        index_section(out)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")
     return 0
 
