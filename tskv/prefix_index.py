@@ -120,15 +120,15 @@ class PrefixIndex:
             key = blocks.get(parent if tier is None else (tier, parent))
         tokens = event.token_ids
         extra = event.extra_keys
-        for index, block in enumerate(event.block_hashes):
-            chunk = tokens[index * size : (index + 1) * size]
-            if key is None or len(chunk) != size:
-                key = None  # no parent known, or tokens missing: no query can reach it
-                self.orphans += 1
-            elif extra is not None and index < len(extra) and extra[index] is not None:
-                key = hash((key, tuple(chunk), _frozen(extra[index])))
-            else:
-                key = hash((key, tuple(chunk)))
+        hashes = event.block_hashes
+        if key is not None and extra is None and len(tokens) >= len(hashes) * size:
+            keys: list[int | None] = []  # the usual event: every block full, no extra keys
+            for start in range(0, len(hashes) * size, size):
+                key = hash((key, *tokens[start : start + size]))
+                keys.append(key)
+        else:
+            keys = self._keys_slowly(key, tokens, extra, len(hashes))
+        for block, key in zip(hashes, keys, strict=True):
             block_id: BlockId = block if tier is None else (tier, block)
             old = blocks.get(block_id, _ABSENT)
             if old == key:
@@ -141,6 +141,24 @@ class PrefixIndex:
                 refs[key] = held + 1
                 if not held:
                     holders[key] = holders.get(key, 0) | bit
+
+    def _keys_slowly(
+        self, key: int | None, tokens: Sequence[int], extra: Sequence[Any] | None, count: int
+    ) -> list[int | None]:
+        """Keys of blocks with extra keys, short token lists, or no known parent."""
+        size = self.block_size
+        keys: list[int | None] = []
+        for index in range(count):
+            chunk = tokens[index * size : (index + 1) * size]
+            if key is None or len(chunk) != size:
+                key = None  # no parent known, or tokens missing: no query can reach it
+                self.orphans += 1
+            elif extra is not None and index < len(extra) and extra[index] is not None:
+                key = hash((key, *chunk, _frozen(extra[index])))
+            else:
+                key = hash((key, *chunk))
+            keys.append(key)
+        return keys
 
     def _release(self, view: _WorkerView, key: int | None) -> None:
         if key is None:
@@ -215,11 +233,11 @@ class PrefixIndex:
         active = -1  # every worker, until the first block says otherwise
         depth = 0
         for depth in range(len(token_ids) // size):
-            chunk = tuple(token_ids[depth * size : (depth + 1) * size])
+            chunk = token_ids[depth * size : (depth + 1) * size]
             if extra_keys is not None and depth < len(extra_keys) and extra_keys[depth] is not None:
-                key = hash((key, chunk, _frozen(extra_keys[depth])))
+                key = hash((key, *chunk, _frozen(extra_keys[depth])))
             else:
-                key = hash((key, chunk))
+                key = hash((key, *chunk))
             held = active & holders.get(key, 0)
             if held != active and depth:  # some workers' prefixes end here
                 _credit(active & ~held, depth, by_bit, counts)
