@@ -306,12 +306,21 @@ def _rates(count: int, received: int, started: float, last: float) -> Row:
 
 def run_tskv(shape: str, count: int, source: str = "tskv") -> Row:
     """tskv's Trio publisher: each round builds new events and publish()es them."""
-    make = round_makers(shape)[source]
+    config = KVEventsConfig(endpoint=LOOPBACK, hwm=0)
+    return _trio_capacity(round_makers(shape)[source], config, count, warmup=0)
+
+
+def _trio_capacity(
+    make: Callable[[], list[KVEvent]], config: KVEventsConfig, count: int, warmup: int
+) -> Row:
+    """Batches a second `open_publisher(config)` sends to a subscriber in another process,
+    each round built by `make`, after `warmup` rounds sent before anyone subscribed."""
     result: Row = {}
 
     async def main() -> None:
-        config = KVEventsConfig(endpoint=LOOPBACK, hwm=0)
         async with open_publisher(config) as publisher:
+            for _ in range(warmup):
+                await publisher.publish(make())
             with child(_counting_subscriber, publisher.endpoint, count) as conn:
                 await trio.to_thread.run_sync(conn.recv)
                 await publisher.wait_for_subscriber()
@@ -817,28 +826,11 @@ def _snapshot_time(blocks_wanted: int, conn: Connection) -> None:
 
 
 def run_snapshot_capacity(shape: str, count: int, snapshots: bool) -> Row:
-    """The Trio publisher with a replay endpoint, churning rounds, snapshots on or off."""
-    make = churn_maker(shape)
-    result: Row = {}
-
-    async def main() -> None:
-        config = KVEventsConfig(
-            endpoint=LOOPBACK, replay_endpoint=LOOPBACK, hwm=0, snapshots=snapshots
-        )
-        async with open_publisher(config) as publisher:
-            for _ in range(2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1):
-                await publisher.publish(make())  # fill the cache first: a steady state
-            with child(_counting_subscriber, publisher.endpoint, count) as conn:
-                await trio.to_thread.run_sync(conn.recv)
-                await publisher.wait_for_subscriber()
-                started = time.monotonic()
-                for _ in range(count):
-                    await publisher.publish(make())
-                received, _, last = await trio.to_thread.run_sync(conn.recv)
-        result.update(_rates(count, received, started, last))
-
-    trio.run(main)
-    return result
+    """The Trio publisher with a replay endpoint, churning rounds, snapshots on or off, after
+    filling the cache (a steady state)."""
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, hwm=0, snapshots=snapshots)
+    warmup = 2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1
+    return _trio_capacity(churn_maker(shape), config, count, warmup)
 
 
 def snapshots_section(reps: int, out: Callable[[str], None]) -> None:
