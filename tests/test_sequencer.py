@@ -373,7 +373,7 @@ def test_a_snapshot_bootstrap_holds_live_batches_then_goes_on_from_the_snapshot(
     s = Sequencer(has_replay=True, start_seq="snapshot")
     assert s.start() == [RequestSnapshot(1)]
     assert s.live(5, p(5)) == [] and s.live(7, p(7)) == [] and s.live(8, p(8)) == []
-    assert s.snapshot_part(1, 7, b"part0") == [] and s.snapshot_part(1, 7, b"part1") == []
+    assert s.snapshot_part(1, 7, 0, b"part0") == [] and s.snapshot_part(1, 7, 1, b"part1") == []
     actions = s.replay_ended(1)
     assert actions[0] == DeliverSnapshot(6, [b"part0", b"part1"], None)  # asked for: no loss
     assert delivered(actions) == [7, 8]  # 5 is inside the snapshot: not delivered again
@@ -405,7 +405,7 @@ def repair_until_evicted(s: Sequencer) -> None:
 def test_what_replay_lost_is_restored_from_a_snapshot_and_reported_as_replaced() -> None:
     s = Sequencer(has_replay=True)
     repair_until_evicted(s)
-    s.snapshot_part(2, 9, b"snap")
+    s.snapshot_part(2, 9, 0, b"snap")
     actions = s.replay_ended(2)
     assert actions == [DeliverSnapshot(8, [b"snap"], 1), RequestReplay(9, 3)]  # 9 is missing
     assert delivered(s.replayed(3, 9, p(9))) == [9, 10]
@@ -431,7 +431,7 @@ def test_a_replay_that_ends_without_progress_asks_for_a_snapshot() -> None:
 def test_a_snapshot_that_fails_leaves_the_hole_reported_with_the_reason(reason: LossReason) -> None:
     s = Sequencer(has_replay=True)
     repair_until_evicted(s)
-    s.snapshot_part(2, 9, b"half")  # a part arrived, then the endpoint went silent
+    s.snapshot_part(2, 9, 0, b"half")  # a part arrived, then the endpoint went silent
     assert s.replay_failed(2, reason) == [Loss(1, 4, reason), RequestReplay(5, 3)]
 
 
@@ -442,9 +442,17 @@ def test_a_snapshot_older_than_our_position_is_a_new_sequence() -> None:
     s.live(30, p(30))
     s.replayed(1, 19, p(19))
     assert s.replayed(1, 25, p(25)) == [RequestSnapshot(2)]
-    s.snapshot_part(2, 4, b"new")  # a restarted publisher's state after its seq 3
+    s.snapshot_part(2, 4, 0, b"new")  # a restarted publisher's state after its seq 3
     actions = s.replay_ended(2)
     assert actions[:2] == [
         Loss(20, None, LossReason.RESTART, new_seq=4),
         DeliverSnapshot(3, [b"new"], None),
     ]
+
+
+def test_a_snapshot_with_a_part_missing_is_not_delivered_and_the_hole_is_reported() -> None:
+    s = Sequencer(has_replay=True)
+    repair_until_evicted(s)
+    s.snapshot_part(2, 9, 0, b"part0")
+    s.snapshot_part(2, 9, 2, b"part2")  # part 1 never came
+    assert s.replay_ended(2) == [Loss(1, 4, LossReason.UNDECODABLE), RequestReplay(5, 3)]

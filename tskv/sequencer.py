@@ -120,6 +120,7 @@ class Sequencer:
         self.snapshotting = False  # the current request is for a snapshot
         self._parts: list[bytes] = []  # the snapshot's parts received so far
         self._snapshot_next = 0  # the seq the snapshot's state is before
+        self._parts_broken = False
         self._resumes_at: int | None = None  # where replay went on after what it had lost
 
     def start(self) -> list[Action]:
@@ -150,6 +151,7 @@ class Sequencer:
         self.snapshotting = True
         self._verifying = False
         self._parts = []
+        self._parts_broken = False
         return RequestSnapshot(self.request_id)
 
     def _deliver(self, seq: int, payload: bytes, from_replay: bool) -> Deliver:
@@ -289,9 +291,13 @@ class Sequencer:
         actions.append(self._request())
         return actions
 
-    def snapshot_part(self, request_id: int, next_seq: int, payload: bytes) -> list[Action]:
+    def snapshot_part(
+        self, request_id: int, next_seq: int, index: int, payload: bytes
+    ) -> list[Action]:
         """One part of the snapshot asked for; it is delivered whole when the end comes."""
         if request_id == self.request_id and self.snapshotting:
+            if index != len(self._parts) or (self._parts and next_seq != self._snapshot_next):
+                self._parts_broken = True  # a part missing or from another snapshot
             self._snapshot_next = next_seq
             self._parts.append(payload)
         return []
@@ -302,6 +308,9 @@ class Sequencer:
         if not self._parts:  # a publisher without snapshots ends the request at once
             self.snapshots = False  # so later holes are reported without asking again
             return self._snapshot_failed(LossReason.EVICTED, bootstrap)
+        if self._parts_broken:
+            self._parts = []
+            return self._snapshot_failed(LossReason.UNDECODABLE, bootstrap)
         assert self.expected is not None
         actions: list[Action] = []
         after = self._snapshot_next

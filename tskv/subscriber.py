@@ -252,7 +252,9 @@ class Subscriber(metaclass=NoPublicConstructor):
     ) -> list[Action]:
         if isinstance(inbound, _SnapshotPart):
             part = inbound.part
-            return self._sequencer.snapshot_part(inbound.request_id, part.next_seq, part.payload)
+            return self._sequencer.snapshot_part(
+                inbound.request_id, part.next_seq, part.index, part.payload
+            )
         if isinstance(inbound, _Replayed):
             if inbound.reply.is_end:
                 return self._sequencer.replay_ended(inbound.request_id)
