@@ -59,12 +59,14 @@ class Match(dict[Worker, int]):
 
 
 class _WorkerView:
-    __slots__ = ("bit", "blocks", "refs")
+    __slots__ = ("bit", "blocks", "extra_refs")
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
         self.blocks: dict[BlockId, int | None] = {}  # engine hash (and tier) -> key
-        self.refs: dict[int, int] = {}  # key -> how many of this worker's blocks have it
+        # key -> how many more of this worker's blocks have it, beyond the first (rare: a block
+        # in two tiers). The worker's bit in the key's mask stands for the first.
+        self.extra_refs: dict[int, int] = {}
 
 
 class PrefixIndex:
@@ -111,7 +113,7 @@ class PrefixIndex:
         if event.block_size != size:
             self.mismatched += 1  # its tokens cut into other blocks than queries do
         tier = event.medium
-        blocks, refs, holders, bit = view.blocks, view.refs, self._holders, view.bit
+        blocks, holders, bit = view.blocks, self._holders, view.bit
         parent = event.parent_block_hash
         key: int | None
         if parent is None:
@@ -137,10 +139,11 @@ class PrefixIndex:
                 self._release(view, old)
             blocks[block_id] = key
             if key is not None:
-                held = refs.get(key, 0)
-                refs[key] = held + 1
-                if not held:
-                    holders[key] = holders.get(key, 0) | bit
+                mask = holders.get(key, 0)
+                if mask & bit:
+                    view.extra_refs[key] = view.extra_refs.get(key, 0) + 1
+                else:
+                    holders[key] = mask | bit
 
     def _keys_slowly(
         self, key: int | None, tokens: Sequence[int], extra: Sequence[Any] | None, count: int
@@ -163,11 +166,13 @@ class PrefixIndex:
     def _release(self, view: _WorkerView, key: int | None) -> None:
         if key is None:
             return
-        held = view.refs[key] - 1
-        if held:
-            view.refs[key] = held
+        extra = view.extra_refs
+        if extra and key in extra:  # another of this worker's blocks still has it
+            if extra[key] > 1:
+                extra[key] -= 1
+            else:
+                del extra[key]
             return
-        del view.refs[key]
         mask = self._holders[key] & ~view.bit
         if mask:
             self._holders[key] = mask
@@ -183,13 +188,15 @@ class PrefixIndex:
 
     def _clear(self, view: _WorkerView) -> None:
         holders, keep = self._holders, ~view.bit
-        for key in view.refs:
+        for key in set(view.blocks.values()):
+            if key is None:
+                continue
             mask = holders[key] & keep
             if mask:
                 holders[key] = mask
             else:
                 del holders[key]
-        view.refs.clear()
+        view.extra_refs.clear()
         view.blocks.clear()
 
     def mark_stale(self, worker: Worker) -> None:
