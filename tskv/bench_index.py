@@ -44,13 +44,19 @@ def dynamo() -> Any | None:
     return llm
 
 
+def _prefixes() -> list[list[int]]:
+    """The shared prompt prefixes' token ids: the same for the events and the queries."""
+    rng = random.Random(0)
+    return [[rng.randrange(1000, 150_000) for _ in range(4 * BLOCK)] for _ in range(PREFIXES)]
+
+
 def stored_events(blocks: int, seed: int = 0) -> Iterator[tuple[int, BlockStored]]:
     """(worker, event) pairs that cache `blocks` blocks across WORKERS workers: chains of 4
     blocks each, every chain under one of PREFIXES shared 4-block prefixes, with fresh token
     lists (ids above 256, as real ones are). The engine's hashes follow the content, as vLLM's
     and TokenSpeed's do: a shared prefix has the same hashes on every worker."""
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(1000, 150_000) for _ in range(4 * BLOCK)] for _ in range(PREFIXES)]
+    rng = random.Random(seed + 1)
+    prefixes = _prefixes()
     made = 0
     hash_counter = 1
     stored_prefix: set[tuple[int, int]] = set()
@@ -69,13 +75,11 @@ def stored_events(blocks: int, seed: int = 0) -> Iterator[tuple[int, BlockStored
         hash_counter += 4
         yield worker, BlockStored(hashes, parent, tokens, BLOCK)
         made += 8
-    # queries are built by the caller from the same prefixes
 
 
 def queries(count: int, seed: int = 1) -> list[list[int]]:
     """Requests: a shared prefix (often cached) then new tokens, 8 to 32 blocks long."""
-    rng = random.Random(0)
-    prefixes = [[rng.randrange(1000, 150_000) for _ in range(4 * BLOCK)] for _ in range(PREFIXES)]
+    prefixes = _prefixes()
     ask = random.Random(seed)
     return [
         prefixes[ask.randrange(PREFIXES)]

@@ -19,7 +19,6 @@ import trio
 from tskv._cli.options import sim_options
 from tskv.config import KVEventsConfig
 from tskv.endpoints import LOOPBACK
-from tskv.events import BlockStored
 from tskv.publisher import Publisher, open_publisher
 from tskv.sequencer import Loss
 from tskv.sim import CacheView, SchedulerLoop, SimOptions, check_options
@@ -78,12 +77,10 @@ class _LateJoiner:
             on_loss=losses.append,
         ) as sub:
             async for seq, batch in sub:
-                if self.joined_at is None:
-                    self.joined_at = seq
-                    self.snapshot_blocks = sum(
-                        len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored)
-                    )
                 self.view.apply(seq, batch.events)
+                if self.joined_at is None:  # the snapshot: it cleared, then stored them all
+                    self.joined_at = seq
+                    self.snapshot_blocks = len(self.view.blocks)
 
 
 def _progress(loop: SchedulerLoop, subs: list[Subscriber], views: list[CacheView]) -> str:

@@ -22,7 +22,7 @@ from tskv.prefix_index import PrefixIndex
 from tskv.publisher import Publisher, open_publisher
 from tskv.sim.block_hash import chain_hashes
 from tskv.sim.sampling import GenerateRequest
-from tskv.sim.simulator import Simulator, Workload
+from tskv.sim.simulator import Simulator, Workload, step_round
 from tskv.watcher import Watcher, open_watcher
 
 POLICIES = ("prefix index", "round-robin", "random")
@@ -115,11 +115,7 @@ async def _step_all(
     sims: list[Simulator], publishers: list[Publisher], workload: Workload, watcher: Watcher
 ) -> None:
     for sim, publisher in zip(sims, publishers, strict=True):
-        events = sim.step()
-        for conversation, request, tokens in sim.finished:
-            if request.rid.endswith("-0") or "-" not in request.rid:
-                workload.conversation_went_on(conversation, tokens)
-        sim.finished.clear()
+        events = step_round(sim, workload)
         if events:
             await publisher.publish(events)
     for rank, publisher in enumerate(publishers):  # the router's view as of this round

@@ -296,6 +296,11 @@ def run_round(sim: Simulator, workload: Workload, arrivals: int) -> list[KVEvent
     for _ in range(arrivals):
         request, conversation = workload.next_request()
         sim.submit(request, conversation)
+    return step_round(sim, workload)
+
+
+def step_round(sim: Simulator, workload: Workload) -> list[KVEvent]:
+    """Run one round of what was submitted, and let the conversations that finished go on."""
     events = sim.step()
     for conversation, request, tokens in sim.finished:
         if request.rid.endswith("-0") or "-" not in request.rid:  # choice 0 carries the turn on
