@@ -9,6 +9,7 @@ failures (rate-limited) with what the user can do about them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from typing import cast
 
@@ -29,6 +30,10 @@ _FAILED = {
 _EVENTS = cast(int, zmq.EVENT_HANDSHAKE_SUCCEEDED) | cast(int, zmq.EVENT_CONNECT_RETRIED)
 for _event in _FAILED:
     _EVENTS |= cast(int, _event)
+# pyzmq names a monitor's inproc endpoint after the socket's fd, and fds are reused: a socket
+# opened while a closed one's monitor endpoint still lingers failed with "Address already in
+# use". A name of our own never repeats.
+_MONITOR_NAMES = itertools.count()
 
 
 class SocketMonitor:
@@ -46,7 +51,8 @@ class SocketMonitor:
         self.connect_retries = 0
         self.answered = trio.Event()  # set at the first successful handshake
         self._watched = sock
-        self._events = TrioSocket(sock.get_monitor_socket(_EVENTS))
+        address = f"inproc://tskv-monitor-{next(_MONITOR_NAMES)}"
+        self._events = TrioSocket(sock.get_monitor_socket(_EVENTS, address))
         self._log = LogLimiter()
 
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
