@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, decode_batch
-from tskv.codec import encode_round
+from tskv.codec import WireFormat, encode_round
 from tskv.snapshot import CacheState, SnapshotBuilder
 
 BLOCK = 2
@@ -21,34 +21,41 @@ Key = tuple[str | None, int]  # (medium, hash)
 Model = dict[Key, tuple[Any, ...]]
 
 
-def model_apply(model: Model, events: list[KVEvent], order: list[Key] | None = None) -> None:
+def model_apply(
+    model: Model, events: list[KVEvent], order: list[Key] | None = None, wire: WireFormat = "vllm"
+) -> None:
+    """What a consumer of `wire` ends with: TokenSpeed's carries no tier nor optional field."""
+    full = wire == "vllm"
     for event in events:
         if isinstance(event, BlockStored):
             hashes = event.block_hashes
-            extra = event.extra_keys
+            extra = event.extra_keys if full else None
             for j, block in enumerate(hashes):
                 parent = event.parent_block_hash if j == 0 else hashes[j - 1]
                 keys = None if extra is None or len(extra) != len(hashes) else extra[j]
                 tokens = tuple(event.token_ids[j * BLOCK : (j + 1) * BLOCK])
-                model[(event.medium, block)] = (parent, tokens, keys, event.lora_name)
+                key = (event.medium if full else None, block)
+                model[key] = (parent, tokens, keys, event.lora_name if full else None)
                 if order is not None:
-                    order.append((event.medium, block))
+                    order.append(key)
         elif isinstance(event, BlockRemoved):
             for block in event.block_hashes:
-                model.pop((event.medium, block), None)
+                model.pop((event.medium if full else None, block), None)
         else:
             model.clear()
 
 
-def follow(state: CacheState, events: list[KVEvent]) -> None:
-    """What the publish task does with a batch (on the vLLM wire, which keeps every field)."""
-    payload = encode_round(1.0, events, 0, "vllm")
+def follow(state: CacheState, events: list[KVEvent], wire: WireFormat = "vllm") -> None:
+    """What the publish task does with a batch."""
+    payload = encode_round(1.0, events, 0, wire)
     if payload is not None:
         state.apply(payload, events)
 
 
-def snapshot_events(state: CacheState, part_blocks: int = 5) -> tuple[list[KVEvent], int]:
-    builder = SnapshotBuilder(state.freeze(42), 7.0, 3, "vllm", part_blocks)
+def snapshot_events(
+    state: CacheState, part_blocks: int = 5, wire: WireFormat = "vllm"
+) -> tuple[list[KVEvent], int]:
+    builder = SnapshotBuilder(state.freeze(42), 7.0, 3, wire, part_blocks)
     events: list[KVEvent] = []
     parts = 0
     while (payload := builder.next_payload()) is not None:
@@ -103,22 +110,22 @@ def acyclic(model: Model, key: Key) -> bool:
 
 
 @settings(max_examples=400)
-@given(streams, st.integers(1, 8))
+@given(streams, st.integers(1, 8), st.sampled_from(["vllm", "tokenspeed"]))
 def test_a_snapshot_rebuilds_every_cached_block_parents_first(
-    batches: list[list[KVEvent]], part_blocks: int
+    batches: list[list[KVEvent]], part_blocks: int, wire: WireFormat
 ) -> None:
-    state, model = CacheState(), {}
+    state, model = CacheState(tiered=wire == "vllm"), {}
     for events in batches:
-        follow(state, events)
-        model_apply(model, events)
+        follow(state, events, wire)
+        model_apply(model, events, wire=wire)
     assert state.blocks == len(model)  # memory follows the cache, not the history
 
-    events, parts = snapshot_events(state, part_blocks)
+    events, parts = snapshot_events(state, part_blocks, wire)
     assert isinstance(events[0], AllBlocksCleared)
     assert parts >= 1 and all(not isinstance(e, AllBlocksCleared) for e in events[1:])
     rebuilt: Model = {}
     order: list[Key] = []
-    model_apply(rebuilt, events, order)
+    model_apply(rebuilt, events, order, wire)
     assert rebuilt == model
     assert len(order) == len(model)  # each block once
     position = {key: index for index, key in enumerate(order)}
@@ -182,6 +189,19 @@ def test_tiers_are_kept_apart() -> None:
     follow(state, [BlockRemoved([1], medium="CPU")])
     events, _ = snapshot_events(state)
     assert events[1:] == [BlockStored([1], None, [0, 0], BLOCK)]
+
+
+def test_on_a_wire_without_tiers_a_block_in_two_tiers_is_one_block() -> None:
+    """A TokenSpeed-wire consumer sees the store twice and the removal once, and forgets the
+    block; a snapshot must leave it where following the stream would."""
+    state = CacheState(tiered=False)
+    stores = [
+        BlockStored([1], None, [0, 0], BLOCK),
+        BlockStored([1], None, [0, 0], BLOCK, medium="CPU"),
+    ]
+    follow(state, stores, "tokenspeed")
+    follow(state, [BlockRemoved([1], medium="CPU")], "tokenspeed")
+    assert snapshot_events(state, wire="tokenspeed") == ([AllBlocksCleared()], 1)
 
 
 def test_the_state_keeps_no_reference_to_the_schedulers_lists() -> None:

@@ -725,29 +725,40 @@ def memory_section(out: Callable[[str], None]) -> None:
 CACHED = {"small": 10_000, "large": 100_000, "huge": 100_000}  # blocks cached in steady state
 
 
+SCRAMBLE = 0x9E3779B97F4A7C15  # odd: n -> n * SCRAMBLE mod 2**63 is one-to-one
+
+
 def churn_maker(shape: str) -> Callable[[], list[KVEvent]]:
     """Rounds as a busy cache makes them: every block new (fresh hashes and token lists, token
     ids above 256 as real ones are, so each is an int object of its own), and once the cache is
-    full, as many old blocks removed as were stored."""
+    full, as many old blocks removed as were stored. Hashes are spread over 63 bits as an
+    engine's are: counting ones would land in neighbouring dict slots and flatter the state."""
     events, hashes, tokens = SHAPES[shape]
     per_round = events * hashes
     window = CACHED[shape] // per_round  # rounds a block stays cached
     counter = iter(range(1 << 62))
+    mask = (1 << 63) - 1
 
     def make() -> list[KVEvent]:
         base = next(counter) * per_round
-        made: list[KVEvent] = [
-            BlockStored(
-                list(range(base + n * hashes, base + (n + 1) * hashes)),
-                base + n * hashes - 1 if n else None,
-                list(range(1000 + base, 1000 + base + tokens)),
-                16,
+        made: list[KVEvent] = []
+        parent = None
+        for n in range(events):
+            first = base + n * hashes
+            made.append(
+                BlockStored(
+                    [block * SCRAMBLE & mask for block in range(first, first + hashes)],
+                    parent,
+                    list(range(1000 + base, 1000 + base + tokens)),
+                    16,
+                )
             )
-            for n in range(events)
-        ]
+            parent = (first + hashes - 1) * SCRAMBLE & mask
         old = base - window * per_round
         if old >= 0:
-            made.append(BlockRemoved(list(range(old, old + per_round))))
+            made.append(
+                BlockRemoved([block * SCRAMBLE & mask for block in range(old, old + per_round)])
+            )
         return made
 
     return make

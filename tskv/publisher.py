@@ -252,8 +252,6 @@ class Publisher(metaclass=NoPublicConstructor):
         rather than block, so that is only a fallback)."""
         payload, events = queued
         seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
-        if self._state is not None:
-            self._state.apply(payload, events)  # with the seq: a snapshot is the state at a seq
         message = frames.live_message(self._topic, seq, payload)
         try:
             self._pub.send_nowait(message, len(payload) < ZERO_COPY_BYTES)
@@ -262,6 +260,11 @@ class Publisher(metaclass=NoPublicConstructor):
         except BaseException:
             self._unsent += 1
             raise
+        finally:
+            # After the send, so following the state never delays a batch; in the same step as
+            # the seq, so a snapshot (taken between steps) is the state at a seq.
+            if self._state is not None:
+                self._state.apply(payload, events)
         self._published += 1
         return None
 
@@ -509,7 +512,9 @@ async def open_publisher(
         buffer = ReplayBuffer(config.buffer_steps)
         replay = None
         # Snapshots are served on the replay socket: without one, the state is not kept.
-        state = CacheState() if config.snapshots and replay_endpoint is not None else None
+        state = None
+        if config.snapshots and replay_endpoint is not None:
+            state = CacheState(tiered=config.wire_format == "vllm")  # only vLLM's carries tiers
         if replay_endpoint is not None:
             router, replay_address = open_socket(
                 context,

@@ -1,12 +1,12 @@
 """The cache a publisher's stream describes, and the snapshot that restores it: no I/O.
 
-`CacheState` follows every batch the publisher sends: for each cached block, where the event
-that stored it is (the batch's encoded payload, which the replay buffer holds anyway, and the
-event's index in it). A block costs one dict entry; the events themselves are not kept, so the
-garbage collector has nothing more to walk and a scheduler may reuse its lists. `SnapshotBuilder`
-turns a frozen copy of that state into batches that clear and then store every cached block,
-parents before children, decoding each payload again only when a snapshot needs it, a bounded
-amount of work per batch so the replay task that sends them never holds up live batches.
+`CacheState` follows every batch the publisher sends: for each cached block, the encoded
+payload of the batch that stored it (which the replay buffer holds anyway). A block costs one
+dict entry from an int to a bytes object, so the garbage collector never walks the state, the
+events themselves are not kept, and a scheduler may reuse its lists. `SnapshotBuilder` turns a
+frozen copy of that state into batches that clear and then store every cached block, parents
+before children, decoding each payload again only when a snapshot needs it, a bounded amount
+of work per batch so the replay task that sends them never holds up live batches.
 docs/wire.md#snapshots specifies what goes on the wire.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import repeat
 from typing import Any
 
 from tskv.codec import WireFormat, decode_batch, encode_round
@@ -23,35 +22,49 @@ from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
 
 Tier = tuple[str | None, int | None]  # (medium, group_idx): a block is cached per tier
-Stored = tuple[bytes, int]  # an event: the payload of its batch, and its index there
-Blocks = dict[int, Stored]  # hash -> the event that stored it, in the order lives began
+UNTIERED: Tier = (None, None)
+Blocks = dict[int, bytes]  # hash -> the payload that stored it, in the order lives began
 
 
 class CacheState:
     """The blocks the stream says are cached: stored, not removed since, nor cleared.
 
     Memory follows the cache, not history: a removed block's entry goes, and a payload is kept
-    only while one of its blocks is cached.
+    only while one of its blocks is cached. `tiered` says whether the wire carries the tier
+    (vLLM's does; on TokenSpeed's a block stored in two tiers is one block to every consumer,
+    so it is one here too).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, tiered: bool = True) -> None:
+        self.tiered = tiered
         self.tiers: dict[Tier, Blocks] = {}
 
     def apply(self, payload: bytes, events: Sequence[KVEvent]) -> None:
-        """Follow one batch: its events, and the payload they were encoded into. Runs once per
-        published batch, so the per-block work is C loops."""
+        """Follow one batch: its events, and the payload they were encoded into.
+
+        This runs for every published batch, so it is written for speed: a plain loop of dict
+        stores beats `dict.update(zip(...))` for the short events schedulers emit (measured:
+        docs/performance.md#snapshots).
+        """
         tiers = self.tiers
-        for index, event in enumerate(events):
-            if isinstance(event, BlockStored):
-                tier = (event.medium, event.group_idx)
+        tiered = self.tiered
+        for event in events:
+            kind = type(event)
+            if kind is BlockStored:
+                stored: BlockStored = event  # type: ignore[assignment]
+                tier = (stored.medium, stored.group_idx) if tiered else UNTIERED
                 blocks = tiers.get(tier)
                 if blocks is None:
                     blocks = tiers[tier] = {}
-                blocks.update(zip(event.block_hashes, repeat((payload, index))))
-            elif isinstance(event, BlockRemoved):
-                blocks = tiers.get((event.medium, event.group_idx))
+                for block in stored.block_hashes:
+                    blocks[block] = payload
+            elif kind is BlockRemoved:
+                removed: BlockRemoved = event  # type: ignore[assignment]
+                blocks = tiers.get((removed.medium, removed.group_idx) if tiered else UNTIERED)
                 if blocks:
-                    deque(map(blocks.pop, event.block_hashes, repeat(None)), 0)
+                    pop = blocks.pop
+                    for block in removed.block_hashes:
+                        pop(block, None)
             else:
                 tiers.clear()
 
@@ -62,13 +75,17 @@ class CacheState:
     def freeze(self, next_seq: int) -> FrozenState:
         """A copy that later batches do not change (one dict copy per tier, at C speed), of
         the state after every batch before `next_seq`."""
-        return FrozenState(next_seq, [dict(blocks) for blocks in self.tiers.values()])
+        tiers = [
+            (tier if self.tiered else None, dict(blocks)) for tier, blocks in self.tiers.items()
+        ]
+        return FrozenState(next_seq, tiers)
 
 
 class FrozenState:
-    """The state as of `next_seq`: what one snapshot describes."""
+    """The state as of `next_seq`: what one snapshot describes. A tier of None is every tier
+    (the wire does not carry them)."""
 
-    def __init__(self, next_seq: int, tiers: list[Blocks]) -> None:
+    def __init__(self, next_seq: int, tiers: list[tuple[Tier | None, Blocks]]) -> None:
         self.next_seq = next_seq
         self.tiers = tiers
 
@@ -102,13 +119,13 @@ class SnapshotBuilder:
         return payload
 
 
-def _parts(tiers: list[Blocks], part_blocks: int) -> Iterator[list[KVEvent]]:
+def _parts(tiers: list[tuple[Tier | None, Blocks]], part_blocks: int) -> Iterator[list[KVEvent]]:
     """The snapshot's events, cut into parts of at most `part_blocks` blocks; the first part
     starts with AllBlocksCleared (so an empty cache is one part holding only that)."""
     part: list[KVEvent] = [AllBlocksCleared()]
     size = 0
-    for blocks in tiers:
-        for event in _stores(blocks):
+    for tier, blocks in tiers:
+        for event in _stores(blocks, tier):
             part.append(event)
             size += len(event.block_hashes)
             if size >= part_blocks:
@@ -118,7 +135,7 @@ def _parts(tiers: list[Blocks], part_blocks: int) -> Iterator[list[KVEvent]]:
         yield part
 
 
-def _stores(blocks: Blocks) -> Iterator[BlockStored]:
+def _stores(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
     """One BlockStored per run of cached blocks that one event stored, parents first.
 
     The dict's order is the order in which each block's current life began, so a parent
@@ -128,7 +145,7 @@ def _stores(blocks: Blocks) -> Iterator[BlockStored]:
     sent: set[int] = set()
     waiting: dict[int, list[BlockStored]] = {}  # parent hash -> runs held back for it
     ready: deque[BlockStored] = deque()
-    for run in _runs(blocks):
+    for run in _runs(blocks, tier):
         parent = run.parent_block_hash
         if parent is not None and parent in blocks and parent not in sent:
             waiting.setdefault(parent, []).append(run)
@@ -145,17 +162,20 @@ def _stores(blocks: Blocks) -> Iterator[BlockStored]:
         yield from runs
 
 
-def _runs(blocks: Blocks) -> Iterator[BlockStored]:
+def _runs(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
     """Consecutive cached blocks stored by the same event, as one BlockStored each."""
     items = iter(blocks.items())
     pending = next(items, None)
-    decoded: tuple[bytes, Sequence[KVEvent]] = (b"", [])  # the last payload read again
+    decoded: bytes = b""  # the last payload read again, its events, and which stored what
+    events: Sequence[KVEvent] = []
+    storer: dict[int, int] = {}
     while pending is not None:
-        first, stored = pending
-        payload, index = stored
-        if payload is not decoded[0]:  # one batch's blocks come together: decode it once
-            decoded = (payload, decode_batch(payload).events)
-        event = decoded[1][index]
+        first, payload = pending
+        if payload is not decoded:  # one batch's blocks come together: decode it once
+            decoded, events = payload, decode_batch(payload).events
+            storer = _storers(events, tier)
+        index = storer[first]
+        event = events[index]
         assert isinstance(event, BlockStored)
         hashes = event.block_hashes
         start = hashes.index(first)
@@ -164,12 +184,25 @@ def _runs(blocks: Blocks) -> Iterator[BlockStored]:
         while (
             pending is not None
             and end < len(hashes)
-            and pending[1] is stored
+            and pending[1] is payload
             and pending[0] == hashes[end]
+            and storer[pending[0]] == index
         ):
             end += 1
             pending = next(items, None)
         yield _slice(event, start, end)
+
+
+def _storers(events: Sequence[KVEvent], tier: Tier | None) -> dict[int, int]:
+    """For each block a batch stores in `tier` (None: any), the index of the last event that
+    stores it: the one whose store is the block's current life if it is cached from this batch."""
+    storer: dict[int, int] = {}
+    for index, event in enumerate(events):
+        if isinstance(event, BlockStored) and (
+            tier is None or (event.medium, event.group_idx) == tier
+        ):
+            storer.update(dict.fromkeys(event.block_hashes, index))
+    return storer
 
 
 def _slice(event: BlockStored, start: int, end: int) -> BlockStored:
