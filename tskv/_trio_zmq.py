@@ -23,6 +23,7 @@ Frames = Sequence[Any]
 # Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself.
 _MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _LAST = int(zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
 
 
 class TrioSocket:
@@ -82,6 +83,18 @@ class TrioSocket:
             return self.sock.recv_multipart(flags=_LAST)
         except zmq.Again:
             raise trio.WouldBlock from None
+
+    def receive_waiting(self, limit: int) -> list[list[bytes]]:
+        """The messages waiting now, at most `limit`, perhaps none. Asks EVENTS before each
+        receive instead of letting the last one fail: pyzmq's zmq.Again costs three times as
+        much as reading EVENTS, and a subscriber at a worker's pace takes one message a wake-up.
+        """
+        self._check_open()
+        sock = self.sock
+        taken: list[list[bytes]] = []
+        while len(taken) < limit and cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+            taken.append(sock.recv_multipart(flags=_LAST))
+        return taken
 
     def receive_frames_nowait(self) -> list[zmq.Frame]:
         """Like receive_nowait, as zmq.Frame objects: they carry the message's properties."""
