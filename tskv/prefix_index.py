@@ -125,8 +125,9 @@ class PrefixIndex:
         hashes = event.block_hashes
         if key is not None and extra is None and len(tokens) >= len(hashes) * size:
             keys: list[int | None] = []  # the usual event: every block full, no extra keys
+            chunks = tuple(tokens)  # slicing a tuple is cheaper than unpacking list slices
             for start in range(0, len(hashes) * size, size):
-                key = hash((key, *tokens[start : start + size]))
+                key = hash((key, chunks[start : start + size]))
                 keys.append(key)
         else:
             keys = self._keys_slowly(key, tokens, extra, len(hashes))
@@ -151,15 +152,16 @@ class PrefixIndex:
         """Keys of blocks with extra keys, short token lists, or no known parent."""
         size = self.block_size
         keys: list[int | None] = []
+        chunks = tuple(tokens)
         for index in range(count):
-            chunk = tokens[index * size : (index + 1) * size]
+            chunk = chunks[index * size : (index + 1) * size]
             if key is None or len(chunk) != size:
                 key = None  # no parent known, or tokens missing: no query can reach it
                 self.orphans += 1
             elif extra is not None and index < len(extra) and extra[index] is not None:
-                key = hash((key, *chunk, _frozen(extra[index])))
+                key = hash((key, chunk, _frozen(extra[index])))
             else:
-                key = hash((key, *chunk))
+                key = hash((key, chunk))
             keys.append(key)
         return keys
 
@@ -239,12 +241,13 @@ class PrefixIndex:
         key = root_key(lora_name)
         active = -1  # every worker, until the first block says otherwise
         depth = 0
-        for depth in range(len(token_ids) // size):
-            chunk = token_ids[depth * size : (depth + 1) * size]
+        chunks = tuple(token_ids)
+        for depth in range(len(chunks) // size):
+            chunk = chunks[depth * size : (depth + 1) * size]
             if extra_keys is not None and depth < len(extra_keys) and extra_keys[depth] is not None:
-                key = hash((key, *chunk, _frozen(extra_keys[depth])))
+                key = hash((key, chunk, _frozen(extra_keys[depth])))
             else:
-                key = hash((key, *chunk))
+                key = hash((key, chunk))
             held = active & holders.get(key, 0)
             if held != active and depth:  # some workers' prefixes end here
                 _credit(active & ~held, depth, by_bit, counts)
