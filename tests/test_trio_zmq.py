@@ -115,3 +115,21 @@ async def test_closing_while_a_task_waits_wakes_it_with_a_clear_error() -> None:
             assert "was closed" in str(exc)
         else:
             raise AssertionError("receive on a closed socket must raise")
+
+
+async def test_receive_waiting_takes_what_is_queued_up_to_its_limit_and_never_blocks() -> None:
+    endpoint = inproc_name("waiting")
+    async with (
+        raw_socket(zmq.PAIR, endpoint, bind=True) as left,
+        raw_socket(zmq.PAIR, endpoint) as right,
+    ):
+        assert left.receive_waiting(10) == []  # nothing queued: none, at once
+        for index in range(5):
+            await right.send([b"m", str(index).encode()])
+        with trio.fail_after(10):
+            await left.wait(zmq.POLLIN)
+        first = left.receive_waiting(3)
+        rest = left.receive_waiting(10)
+        assert [message[1] for message in first + rest] == [b"0", b"1", b"2", b"3", b"4"]
+        assert len(first) == 3  # whole multipart messages, in order, at most the limit
+        assert left.receive_waiting(10) == []

@@ -47,6 +47,7 @@ Queued = tuple[bytes, Sequence[KVEvent]]  # a batch's payload, and its events fo
 SEND_BURST = 1024  # batches sent between two checkpoints of the publish task
 REQUESTS_PER_TURN = 64  # replay requests read between two checkpoints of the replay task...
 SENDS_PER_TURN = 256  # ...and replies sent: a flood of either cannot hold up live batches
+SUBSCRIPTIONS_PER_TURN = 1024  # (un)subscriptions counted at once; the rest wait a turn
 REPLAY_PIPE = 128  # replies ZeroMQ queues per replay client, whatever `hwm` is
 MAX_SUBSCRIPTION_BYTES = 4096  # a larger subscription frame disconnects its sender
 ZERO_COPY_BYTES = 65536  # pyzmq copies smaller frames anyway; zero-copy pays above this
@@ -279,11 +280,7 @@ class Publisher(metaclass=NoPublicConstructor):
     def _take_subscriptions(self) -> None:
         """Count (un)subscriptions the XPUB socket reports, and wake tasks waiting for one."""
         changed = False
-        while True:
-            try:
-                message = self._pub.receive_nowait()
-            except trio.WouldBlock:
-                break
+        for message in self._pub.receive_waiting(SUBSCRIPTIONS_PER_TURN):  # no zmq.Again per batch
             change = frames.parse_subscription(message[0], self._topic)
             self._subscriptions += change
             changed |= change != 0
