@@ -48,16 +48,17 @@ class Oracle:
 
 
 tokens = st.integers(0, 2)  # a tiny vocabulary: many shared prefixes
-workers = st.sampled_from(["a", "b", "c"])
+workers = st.sampled_from(["a", "b", "c", "d"])
 
 
 @st.composite
 def streams(draw: st.DrawFn) -> list[tuple[str, list]]:  # type: ignore[type-arg]
-    """Batches from three workers, each storing chains under parents it has stored (or not)."""
+    """Batches from four workers, each storing chains under parents it has stored (or not);
+    None: the worker is removed (its slot then goes to the next new worker)."""
     out = []
     for _ in range(draw(st.integers(0, 30))):
         worker = draw(workers)
-        kind = draw(st.sampled_from(["store", "store", "store", "remove", "clear"]))
+        kind = draw(st.sampled_from(["store", "store", "store", "remove", "clear", "leave"]))
         if kind == "store":
             count = draw(st.integers(1, 3))
             hashes = draw(st.lists(st.integers(0, 40), min_size=count, max_size=count, unique=True))
@@ -67,8 +68,10 @@ def streams(draw: st.DrawFn) -> list[tuple[str, list]]:  # type: ignore[type-arg
             out.append((worker, [BlockStored(hashes, parent, body, BS)]))
         elif kind == "remove":
             out.append((worker, [BlockRemoved(draw(st.lists(st.integers(0, 40), max_size=4)))]))
-        else:
+        elif kind == "clear":
             out.append((worker, [AllBlocksCleared()]))
+        else:
+            out.append((worker, None))
     return out
 
 
@@ -80,8 +83,12 @@ def test_every_answer_equals_the_brute_force_oracle(
 ) -> None:
     index, oracle = PrefixIndex(BS), Oracle()
     for worker, events in stream:
-        index.apply(worker, KVEventBatch(0.0, events))
-        oracle.apply(worker, events)
+        if events is None:
+            index.remove_worker(worker)
+            oracle.held.pop(worker, None)
+        else:
+            index.apply(worker, KVEventBatch(0.0, events))
+            oracle.apply(worker, events)
         for query in queries:
             assert dict(index.match(query)) == oracle.match(query)
     for worker in oracle.held:

@@ -53,6 +53,7 @@ from tskv.snapshot import CacheState, SnapshotBuilder
 
 SHAPES = {"small": (10, 4, 64), "large": (200, 4, 64), "huge": (1, 2048, 32_768)}
 ROUNDS = {"small": 20_000, "large": 2_000, "huge": 300}
+SCRAMBLE = 0x9E3779B97F4A7C15  # odd: n -> n * SCRAMBLE mod 2**63 is one-to-one
 Row = dict[str, Any]
 
 
@@ -72,10 +73,18 @@ class NativeEvent:
 
 def scheduler_state(shape: str) -> list[tuple[list[int], int | None, list[int]]]:
     """The hashes, parents and token lists a round's events are built from: the scheduler's
-    own data, made once (every publisher is handed the same lists)."""
+    own data, made once (every publisher is handed the same lists). Hashes spread over 63
+    bits and token ids above 256, as real ones are: Python shares the ints below 257, so ids
+    0..63 would spare every decoder the int objects a real round costs it."""
     events, hashes, tokens = SHAPES[shape]
+    mask = (1 << 63) - 1
+    chain = [(block + 1) * SCRAMBLE & mask for block in range(events * hashes)]
     return [
-        (list(range(n * hashes + 1, (n + 1) * hashes + 1)), n * hashes or None, list(range(tokens)))
+        (
+            chain[n * hashes : (n + 1) * hashes],
+            chain[n * hashes - 1] if n else None,
+            list(range(1000 + n * tokens, 1000 + (n + 1) * tokens)),
+        )
         for n in range(events)
     ]
 
@@ -723,9 +732,6 @@ def memory_section(out: Callable[[str], None]) -> None:
 # -- snapshots: what keeping the state costs ---------------------------------------------------
 
 CACHED = {"small": 10_000, "large": 100_000, "huge": 100_000}  # blocks cached in steady state
-
-
-SCRAMBLE = 0x9E3779B97F4A7C15  # odd: n -> n * SCRAMBLE mod 2**63 is one-to-one
 
 
 def churn_maker(shape: str) -> Callable[[], list[KVEvent]]:

@@ -22,6 +22,7 @@ from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KV
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 _ROOT = "tskv-prefix-root"
+MASK_CACHE = 4096  # masks whose workers are remembered for answers
 _ABSENT = -1  # hash() never returns -1, so no key is ever this
 BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
 
@@ -80,6 +81,9 @@ class PrefixIndex:
         self._views: dict[Worker, _WorkerView] = {}
         self._by_bit: dict[int, Worker] = {}
         self._free_bits: list[int] = []
+        # A mask's workers, for answers: the same few masks (who holds a popular prefix) come up
+        # in query after query, and walking 64 bits in Python costs more than the rest of one.
+        self._mask_workers: dict[int, tuple[Worker, ...]] = {}
         self._stale: set[Worker] = set()
         self.orphans = 0  # blocks stored under a parent this index never saw: not matchable
         self.mismatched = 0  # BlockStored events whose block_size differs from the index's
@@ -92,6 +96,7 @@ class PrefixIndex:
             bit = self._free_bits.pop() if self._free_bits else 1 << len(self._views)
             view = self._views[worker] = _WorkerView(bit)
             self._by_bit[bit] = worker
+            self._mask_workers.clear()  # a bit may have changed hands
         return view
 
     def apply(self, worker: Worker, batch: KVEventBatch | Iterable[KVEvent]) -> None:
@@ -223,6 +228,7 @@ class PrefixIndex:
         self._clear(view)
         del self._by_bit[view.bit]
         self._free_bits.append(view.bit)
+        self._mask_workers.clear()
         self._stale.discard(worker)
 
     # -- the router's side ------------------------------------------------------------------
@@ -236,28 +242,42 @@ class PrefixIndex:
     ) -> Match:
         """For each worker, how many of the request's leading full blocks it holds."""
         size = self.block_size
-        holders, by_bit = self._holders, self._by_bit
+        holders = self._holders
         counts: dict[Worker, int] = {}
         key = root_key(lora_name)
         active = -1  # every worker, until the first block says otherwise
         depth = 0
-        chunks = tuple(token_ids)
-        for depth in range(len(chunks) // size):
-            chunk = chunks[depth * size : (depth + 1) * size]
+        for depth in range(len(token_ids) // size):
+            # Block by block: most queries stop after a few blocks, so the rest is never copied.
+            chunk = tuple(token_ids[depth * size : (depth + 1) * size])
             if extra_keys is not None and depth < len(extra_keys) and extra_keys[depth] is not None:
                 key = hash((key, chunk, _frozen(extra_keys[depth])))
             else:
                 key = hash((key, chunk))
             held = active & holders.get(key, 0)
             if held != active and depth:  # some workers' prefixes end here
-                _credit(active & ~held, depth, by_bit, counts)
+                counts.update(dict.fromkeys(self._workers_of(active & ~held), depth))
             active = held
             if not active:
                 break
         else:
             if active > 0:
-                _credit(active, depth + 1, by_bit, counts)
+                counts.update(dict.fromkeys(self._workers_of(active), depth + 1))
         return Match(counts, frozenset(self._stale))
+
+    def _workers_of(self, mask: int) -> tuple[Worker, ...]:
+        workers = self._mask_workers.get(mask)
+        if workers is None:
+            if len(self._mask_workers) >= MASK_CACHE:
+                self._mask_workers.clear()
+            found: list[Worker] = []
+            rest = mask
+            while rest:
+                low = rest & -rest
+                found.append(self._by_bit[low])
+                rest ^= low
+            workers = self._mask_workers[mask] = tuple(found)
+        return workers
 
     # -- what the index holds ---------------------------------------------------------------
 
@@ -279,10 +299,3 @@ class PrefixIndex:
     def __len__(self) -> int:
         """Distinct blocks (by content) held by any worker."""
         return len(self._holders)
-
-
-def _credit(mask: int, depth: int, by_bit: dict[int, Worker], counts: dict[Worker, int]) -> None:
-    while mask:
-        low = mask & -mask
-        counts[by_bit[low]] = depth
-        mask ^= low
