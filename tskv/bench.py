@@ -734,14 +734,14 @@ def memory_section(out: Callable[[str], None]) -> None:
 CACHED = {"small": 10_000, "large": 100_000, "huge": 100_000}  # blocks cached in steady state
 
 
-def churn_maker(shape: str) -> Callable[[], list[KVEvent]]:
+def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEvent]]:
     """Rounds as a busy cache makes them: every block new (fresh hashes and token lists, token
     ids above 256 as real ones are, so each is an int object of its own), and once the cache is
     full, as many old blocks removed as were stored. Hashes are spread over 63 bits as an
     engine's are: counting ones would land in neighbouring dict slots and flatter the state."""
     events, hashes, tokens = SHAPES[shape]
     per_round = events * hashes
-    window = CACHED[shape] // per_round  # rounds a block stays cached
+    window = (cached or CACHED[shape]) // per_round  # rounds a block stays cached
     counter = iter(range(1 << 62))
     mask = (1 << 63) - 1
 
@@ -817,8 +817,8 @@ def _state_memory(shape: str, conn: Connection) -> None:
 def _snapshot_time(blocks_wanted: int, conn: Connection) -> None:
     """Freezing the state (done at once, holding up live batches) and making every part (done a
     part at a time between live batches), in ms."""
-    make, state = churn_maker("large"), CacheState()
-    while state.blocks < blocks_wanted:
+    make, state = churn_maker("large", blocks_wanted), CacheState()
+    while state.blocks < blocks_wanted:  # the cache holds blocks_wanted before it churns
         _churn_round(make, state)
     started = time.perf_counter()
     frozen = state.freeze(0)
