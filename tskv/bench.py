@@ -741,7 +741,7 @@ def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEv
     engine's are: counting ones would land in neighbouring dict slots and flatter the state."""
     events, hashes, tokens = SHAPES[shape]
     per_round = events * hashes
-    window = (cached or CACHED[shape]) // per_round  # rounds a block stays cached
+    window = -(-(cached or CACHED[shape]) // per_round)  # rounds a block stays cached
     counter = iter(range(1 << 62))
     mask = (1 << 63) - 1
 
