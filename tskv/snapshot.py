@@ -48,25 +48,32 @@ class CacheState:
         """
         tiers = self.tiers
         tiered = self.tiered
+        untiered = tiers.get(UNTIERED)  # the usual tier, looked up once a batch
         for event in events:
             kind = type(event)
             if kind is BlockStored:
                 stored: BlockStored = event  # type: ignore[assignment]
-                tier = (stored.medium, stored.group_idx) if tiered else UNTIERED
-                blocks = tiers.get(tier)
-                if blocks is None:
-                    blocks = tiers[tier] = {}
+                if tiered and (stored.medium is not None or stored.group_idx is not None):
+                    blocks = tiers.setdefault((stored.medium, stored.group_idx), {})
+                elif untiered is None:
+                    blocks = untiered = tiers[UNTIERED] = {}
+                else:
+                    blocks = untiered
                 for block in stored.block_hashes:
                     blocks[block] = payload
             elif kind is BlockRemoved:
                 removed: BlockRemoved = event  # type: ignore[assignment]
-                blocks = tiers.get((removed.medium, removed.group_idx) if tiered else UNTIERED)
-                if blocks:
-                    pop = blocks.pop
+                if tiered and (removed.medium is not None or removed.group_idx is not None):
+                    found = tiers.get((removed.medium, removed.group_idx))
+                else:
+                    found = untiered
+                if found:
+                    pop = found.pop
                     for block in removed.block_hashes:
                         pop(block, None)
             else:
                 tiers.clear()
+                untiered = None
 
     @property
     def blocks(self) -> int:
