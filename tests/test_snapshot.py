@@ -212,3 +212,21 @@ def test_the_state_keeps_no_reference_to_the_schedulers_lists() -> None:
     tokens[:] = [0, 0, 0, 0]
     events, _ = snapshot_events(state)
     assert events[1:] == [BlockStored([1, 2], None, [7, 7, 8, 8], BLOCK)]
+
+
+def test_a_subclass_of_an_event_is_followed_as_the_event_it_is() -> None:
+    """vLLM's wire encodes by isinstance, so a scheduler's subclass gets published; the state
+    must neither drop it nor mistake it for a cache reset."""
+
+    class MyStored(BlockStored):
+        pass
+
+    class MyRemoved(BlockRemoved):
+        pass
+
+    state = CacheState()
+    follow(state, [BlockStored([1], None, [0, 0], BLOCK), MyStored([2], 1, [3, 3], BLOCK)])
+    follow(state, [MyRemoved([1])])
+    assert state.blocks == 1
+    events, _ = snapshot_events(state)
+    assert [list(e.block_hashes) for e in events[1:]] == [[2]]  # type: ignore[union-attr]

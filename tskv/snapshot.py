@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tskv.codec import WireFormat, decode_batch, encode_round
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tskv.events import EVENT_TYPES, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
 
@@ -51,6 +51,8 @@ class CacheState:
         untiered = tiers.get(UNTIERED)  # the usual tier, looked up once a batch
         for event in events:
             kind = type(event)
+            if kind not in EVENT_TYPES:  # a subclass: follow it as the kind it is
+                kind = next(base for base in EVENT_TYPES if isinstance(event, base))
             if kind is BlockStored:
                 stored: BlockStored = event  # type: ignore[assignment]
                 if tiered and (stored.medium is not None or stored.group_idx is not None):
