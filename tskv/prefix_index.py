@@ -136,18 +136,19 @@ class PrefixIndex:
                 keys.append(key)
         else:
             keys = self._keys_slowly(key, tokens, extra, len(hashes))
+        extra_refs = view.extra_refs
         for block, key in zip(hashes, keys, strict=True):
             block_id: BlockId = block if tier is None else (tier, block)
             old = blocks.get(block_id, _ABSENT)
-            if old == key:
-                continue  # stored again: nothing changes
             if old != _ABSENT:
-                self._release(view, old)
+                if old == key:
+                    continue  # stored again: nothing changes
+                self._release(view, (old,))
             blocks[block_id] = key
             if key is not None:
                 mask = holders.get(key, 0)
                 if mask & bit:
-                    view.extra_refs[key] = view.extra_refs.get(key, 0) + 1
+                    extra_refs[key] = extra_refs.get(key, 0) + 1
                 else:
                     holders[key] = mask | bit
 
@@ -170,28 +171,30 @@ class PrefixIndex:
             keys.append(key)
         return keys
 
-    def _release(self, view: _WorkerView, key: int | None) -> None:
-        if key is None:
-            return
-        extra = view.extra_refs
-        if extra and key in extra:  # another of this worker's blocks still has it
-            if extra[key] > 1:
-                extra[key] -= 1
+    def _release(self, view: _WorkerView, keys: Iterable[int | None]) -> None:
+        """Let go of the worker's hold on each key (None, or _ABSENT: it held nothing)."""
+        holders, extra, keep = self._holders, view.extra_refs, ~view.bit
+        for key in keys:
+            if key is None or key == _ABSENT:
+                continue
+            if extra and key in extra:  # another of this worker's blocks still has it
+                if extra[key] > 1:
+                    extra[key] -= 1
+                else:
+                    del extra[key]
+                continue
+            mask = holders[key] & keep
+            if mask:
+                holders[key] = mask
             else:
-                del extra[key]
-            return
-        mask = self._holders[key] & ~view.bit
-        if mask:
-            self._holders[key] = mask
-        else:
-            del self._holders[key]
+                del holders[key]
 
     def _remove(self, view: _WorkerView, tier: str | None, hashes: Sequence[int]) -> None:
-        blocks = view.blocks
-        for block in hashes:
-            key = blocks.pop(block if tier is None else (tier, block), _ABSENT)
-            if key != _ABSENT:
-                self._release(view, key)
+        pop = view.blocks.pop
+        if tier is None:
+            self._release(view, [pop(block, _ABSENT) for block in hashes])
+        else:
+            self._release(view, [pop((tier, block), _ABSENT) for block in hashes])
 
     def _clear(self, view: _WorkerView) -> None:
         holders, keep = self._holders, ~view.bit
