@@ -197,16 +197,8 @@ class PrefixIndex:
             self._release(view, [pop((tier, block), _ABSENT) for block in hashes])
 
     def _clear(self, view: _WorkerView) -> None:
-        holders, keep = self._holders, ~view.bit
-        for key in set(view.blocks.values()):
-            if key is None:
-                continue
-            mask = holders[key] & keep
-            if mask:
-                holders[key] = mask
-            else:
-                del holders[key]
-        view.extra_refs.clear()
+        view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
+        self._release(view, set(view.blocks.values()))
         view.blocks.clear()
 
     def mark_stale(self, worker: Worker) -> None:
