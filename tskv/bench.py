@@ -53,7 +53,8 @@ from tskv.snapshot import CacheState, SnapshotBuilder
 
 SHAPES = {"small": (10, 4, 64), "large": (200, 4, 64), "huge": (1, 2048, 32_768)}
 ROUNDS = {"small": 20_000, "large": 2_000, "huge": 300}
-SCRAMBLE = 0x9E3779B97F4A7C15  # odd: n -> n * SCRAMBLE mod 2**63 is one-to-one
+SCRAMBLE = 0x9E3779B97F4A7C15  # odd: n -> n * SCRAMBLE & HASH_MASK is one-to-one on 63 bits
+HASH_MASK = (1 << 63) - 1
 Row = dict[str, Any]
 
 
@@ -77,8 +78,7 @@ def scheduler_state(shape: str) -> list[tuple[list[int], int | None, list[int]]]
     bits and token ids above 256, as real ones are: Python shares the ints below 257, so ids
     0..63 would spare every decoder the int objects a real round costs it."""
     events, hashes, tokens = SHAPES[shape]
-    mask = (1 << 63) - 1
-    chain = [(block + 1) * SCRAMBLE & mask for block in range(events * hashes)]
+    chain = [(block + 1) * SCRAMBLE & HASH_MASK for block in range(events * hashes)]
     return [
         (
             chain[n * hashes : (n + 1) * hashes],
@@ -743,7 +743,7 @@ def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEv
     per_round = events * hashes
     window = -(-(cached or CACHED[shape]) // per_round)  # rounds a block stays cached
     counter = iter(range(1 << 62))
-    mask = (1 << 63) - 1
+    mask = HASH_MASK
 
     def make() -> list[KVEvent]:
         base = next(counter) * per_round
