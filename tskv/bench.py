@@ -732,6 +732,8 @@ def memory_section(out: Callable[[str], None]) -> None:
 # -- snapshots: what keeping the state costs ---------------------------------------------------
 
 CACHED = {"small": 10_000, "large": 100_000, "huge": 100_000}  # blocks cached in steady state
+# The state's rounds are encoded on TokenSpeed's wire, which carries no tier: the publisher
+# keeps an untiered state for it (CacheState(tiered=False)), and so does every figure here.
 
 
 def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEvent]]:
@@ -784,7 +786,7 @@ def state_costs() -> dict[str, dict[str, float]]:
     figures: dict[str, dict[str, float]] = {}
     for shape in SHAPES:
         n = {"small": 3000, "large": 200, "huge": 60}[shape]
-        make, state = churn_maker(shape), CacheState()
+        make, state = churn_maker(shape), CacheState(tiered=False)
         plain = churn_maker(shape)  # its own hashes: the state sees every round of `make`
         for _ in range(2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1):
             _churn_round(make, state)  # a full cache: removals as many as stores
@@ -803,7 +805,7 @@ def _state_memory(shape: str, conn: Connection) -> None:
     measured with tracemalloc in a fresh process."""
     import tracemalloc
 
-    make, state = churn_maker(shape), CacheState()
+    make, state = churn_maker(shape), CacheState(tiered=False)
     tracemalloc.start()
     gc.collect()
     before = tracemalloc.get_traced_memory()[0]
@@ -817,7 +819,7 @@ def _state_memory(shape: str, conn: Connection) -> None:
 def _snapshot_time(blocks_wanted: int, conn: Connection) -> None:
     """Freezing the state (done at once, holding up live batches) and making every part (done a
     part at a time between live batches), in ms."""
-    make, state = churn_maker("large", blocks_wanted), CacheState()
+    make, state = churn_maker("large", blocks_wanted), CacheState(tiered=False)
     while state.blocks < blocks_wanted:  # the cache holds blocks_wanted before it churns
         _churn_round(make, state)
     started = time.perf_counter()
