@@ -157,7 +157,7 @@ def _stores(blocks: FrozenBlocks, tier: Tier | None) -> Iterator[BlockStored]:
     while its child stayed cached) is held back until the parent has gone out. What has gone
     out is marked in the frozen copy itself (its payload set to None: a value change, which
     iterating allows), not in a set of its own: at a million blocks such a set's resizes, the
-    garbage collector's walks over it and its release each held up live batches for 25-90 ms.
+    garbage collector's walks over it and its release each held up live batches for tens of ms.
     """
     waiting: dict[int, list[BlockStored]] = {}  # parent hash -> runs held back for it
     ready: deque[BlockStored] = deque()
