@@ -24,8 +24,7 @@ PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-
 Tier = tuple[str | None, int | None]  # (medium, group_idx): a block is cached per tier
 UNTIERED: Tier = (None, None)
 Blocks = dict[int, bytes]  # hash -> the payload that stored it, in the order lives began
-# A frozen copy, which a snapshot marks as it goes: None once a block has gone out.
-FrozenBlocks = dict[int, bytes | None]
+GONE_OUT = b""  # a frozen copy's payload for a block its snapshot has sent (no payload is empty)
 
 
 class CacheState:
@@ -84,10 +83,13 @@ class CacheState:
         return sum(map(len, self.tiers.values()))
 
     def freeze(self, next_seq: int) -> FrozenState:
-        """A copy that later batches do not change (one dict copy per tier, at C speed), of
-        the state after every batch before `next_seq`."""
-        tiers: list[tuple[Tier | None, FrozenBlocks]] = [
-            (tier if self.tiered else None, dict(blocks)) for tier, blocks in self.tiers.items()
+        """A copy that later batches do not change, of the state after every batch before
+        `next_seq`. `dict.copy`, not `dict(...)`: `copy` clones the table at C speed while at
+        most a third of its slots are deleted ones (27-60 ms at a million blocks), where
+        `dict(...)` does so only with none; a dict that has churned longer is copied entry by
+        entry either way (about 100 ms at a million blocks)."""
+        tiers = [
+            (tier if self.tiered else None, blocks.copy()) for tier, blocks in self.tiers.items()
         ]
         return FrozenState(next_seq, tiers)
 
@@ -97,7 +99,7 @@ class FrozenState:
     the blocks that have gone out). A tier of None is every tier (the wire does not carry
     them)."""
 
-    def __init__(self, next_seq: int, tiers: list[tuple[Tier | None, FrozenBlocks]]) -> None:
+    def __init__(self, next_seq: int, tiers: list[tuple[Tier | None, Blocks]]) -> None:
         self.next_seq = next_seq
         self.tiers = tiers
 
@@ -131,9 +133,7 @@ class SnapshotBuilder:
         return payload
 
 
-def _parts(
-    tiers: list[tuple[Tier | None, FrozenBlocks]], part_blocks: int
-) -> Iterator[list[KVEvent]]:
+def _parts(tiers: list[tuple[Tier | None, Blocks]], part_blocks: int) -> Iterator[list[KVEvent]]:
     """The snapshot's events, cut into parts of at most `part_blocks` blocks; the first part
     starts with AllBlocksCleared (so an empty cache is one part holding only that)."""
     part: list[KVEvent] = [AllBlocksCleared()]
@@ -149,13 +149,13 @@ def _parts(
         yield part
 
 
-def _stores(blocks: FrozenBlocks, tier: Tier | None) -> Iterator[BlockStored]:
+def _stores(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
     """One BlockStored per run of cached blocks that one event stored, parents first.
 
     The dict's order is the order in which each block's current life began, so a parent
     almost always comes before its children. The exception (a parent removed and stored again
     while its child stayed cached) is held back until the parent has gone out. What has gone
-    out is marked in the frozen copy itself (its payload set to None: a value change, which
+    out is marked in the frozen copy itself (its payload set to GONE_OUT: a value change, which
     iterating allows), not in a set of its own: at a million blocks such a set's resizes, the
     garbage collector's walks over it and its release each held up live batches for tens of ms.
     """
@@ -163,14 +163,14 @@ def _stores(blocks: FrozenBlocks, tier: Tier | None) -> Iterator[BlockStored]:
     ready: deque[BlockStored] = deque()
     for run in _runs(blocks, tier):
         parent = run.parent_block_hash
-        if parent is not None and blocks.get(parent) is not None:  # cached, not yet out
+        if parent is not None and blocks.get(parent):  # cached, and not yet gone out
             waiting.setdefault(parent, []).append(run)
             continue
         ready.append(run)
         while ready:
             out = ready.popleft()
             for block in out.block_hashes:
-                blocks[block] = None
+                blocks[block] = GONE_OUT
             if waiting:
                 for block in out.block_hashes:
                     ready.extend(waiting.pop(block, ()))
@@ -179,7 +179,7 @@ def _stores(blocks: FrozenBlocks, tier: Tier | None) -> Iterator[BlockStored]:
         yield from runs
 
 
-def _runs(blocks: FrozenBlocks, tier: Tier | None) -> Iterator[BlockStored]:
+def _runs(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
     """Consecutive cached blocks stored by the same event, as one BlockStored each. A block is
     marked gone out only after its run is made, so every payload read here is still there."""
     items = iter(blocks.items())
@@ -189,7 +189,6 @@ def _runs(blocks: FrozenBlocks, tier: Tier | None) -> Iterator[BlockStored]:
     storer: dict[int, int] = {}
     while pending is not None:
         first, payload = pending
-        assert payload is not None
         if payload is not decoded:  # one batch's blocks come together: decode it once
             decoded, events = payload, decode_batch(payload).events
             storer = _storers(events, tier)
