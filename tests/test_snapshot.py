@@ -121,6 +121,9 @@ def test_a_snapshot_rebuilds_every_cached_block_parents_first(
     assert state.blocks == len(model)  # memory follows the cache, not the history
 
     events, parts = snapshot_events(state, part_blocks, wire)
+    # A snapshot marks what it has sent in its own frozen copy: the live state is untouched,
+    # so the next snapshot is the same one.
+    assert snapshot_events(state, part_blocks, wire) == (events, parts)
     assert isinstance(events[0], AllBlocksCleared)
     assert parts >= 1 and all(not isinstance(e, AllBlocksCleared) for e in events[1:])
     rebuilt: Model = {}
