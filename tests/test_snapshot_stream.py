@@ -119,15 +119,19 @@ async def test_late_joiners_rebuild_each_data_parallel_rank_across_a_cache_reset
                     events += sim.reset()  # rank 1's engine resets its prefix cache
                 if events:
                     await publisher.publish(events)
+        # publish() returns once a batch is queued: compare with the schedulers' final caches
+        # only once every batch is sent, so each snapshot is as of the last one.
+        await trio.testing.wait_all_tasks_blocked()
         for sim, publisher in zip(sims, [rank0, rank1], strict=True):
-            assert publisher.statistics().next_seq > 100  # well past the buffer
+            last_seq = publisher.statistics().next_seq - 1
+            assert last_seq > 100  # well past the buffer
             view = CacheView()
             async with tskv.open_subscriber(
                 publisher.endpoint, publisher.replay_endpoint, start_seq="snapshot"
             ) as sub:
                 with trio.fail_after(30):
                     seq, snapshot = await sub.__anext__()
-                assert snapshot.attn_dp_rank == publisher.dp_rank
+                assert (seq, snapshot.attn_dp_rank) == (last_seq, publisher.dp_rank)
                 view.apply(seq, snapshot.events)
             assert view.blocks == sim.cached_hashes() and view.blocks
 
