@@ -740,13 +740,23 @@ CACHED = {"small": 10_000, "large": 100_000, "huge": 100_000}  # blocks cached i
 # keeps an untiered state for it (CacheState(tiered=False)), and so does every figure here.
 
 
+def blocks_per_round(shape: str) -> int:
+    events, hashes, _ = SHAPES[shape]
+    return events * hashes
+
+
+def fill_rounds(shape: str) -> int:
+    """Churning rounds after which the cache is full and has turned over once: a steady state."""
+    return 2 * CACHED[shape] // blocks_per_round(shape) + 1
+
+
 def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEvent]]:
     """Rounds as a busy cache makes them: every block new (fresh hashes and token lists, token
     ids above 256 as real ones are, so each is an int object of its own), and once the cache is
     full, as many old blocks removed as were stored. Hashes are spread over 63 bits as an
     engine's are: counting ones would land in neighbouring dict slots and flatter the state."""
     events, hashes, tokens = SHAPES[shape]
-    per_round = events * hashes
+    per_round = blocks_per_round(shape)
     window = -(-(cached or CACHED[shape]) // per_round)  # rounds a block stays cached
     counter = iter(range(1 << 62))
     mask = HASH_MASK
@@ -792,7 +802,7 @@ def state_costs() -> dict[str, dict[str, float]]:
         n = {"small": 3000, "large": 200, "huge": 60}[shape]
         make, state = churn_maker(shape), CacheState(tiered=False)
         plain = churn_maker(shape)  # its own hashes: the state sees every round of `make`
-        for _ in range(2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1):
+        for _ in range(fill_rounds(shape)):
             _churn_round(make, state)  # a full cache: removals as many as stores
 
         samples: dict[str, list[float]] = {"plain": [], "state": []}
@@ -813,7 +823,7 @@ def _state_memory(shape: str, conn: Connection) -> None:
     tracemalloc.start()
     gc.collect()
     before = tracemalloc.get_traced_memory()[0]
-    for _ in range(2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1):
+    for _ in range(fill_rounds(shape)):
         _churn_round(make, state)
     gc.collect()
     grown = tracemalloc.get_traced_memory()[0] - before
@@ -828,10 +838,8 @@ def _snapshot_time(blocks_wanted: int, conn: Connection) -> None:
         _churn_round(make, state)
     # Then churns until every block has been replaced once, as a running cache has: its dict
     # is then full of deleted slots, which make a careless copy three times as slow.
-    turned_over = 0
-    while turned_over < blocks_wanted:
+    for _ in range(-(-blocks_wanted // blocks_per_round("large"))):
         _churn_round(make, state)
-        turned_over += SHAPES["large"][0] * SHAPES["large"][1]
     started = time.perf_counter()
     frozen = state.freeze(0)
     frozen_at = time.perf_counter()
@@ -858,8 +866,7 @@ def run_snapshot_capacity(shape: str, count: int, snapshots: bool) -> Row:
     """The Trio publisher with a replay endpoint, churning rounds, snapshots on or off, after
     filling the cache (a steady state)."""
     config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, hwm=0, snapshots=snapshots)
-    warmup = 2 * CACHED[shape] // (SHAPES[shape][0] * SHAPES[shape][1]) + 1
-    return _trio_capacity(churn_maker(shape), config, count, warmup)
+    return _trio_capacity(churn_maker(shape), config, count, fill_rounds(shape))
 
 
 def snapshots_section(reps: int, out: Callable[[str], None]) -> None:
