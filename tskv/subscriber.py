@@ -291,7 +291,8 @@ class Subscriber(metaclass=NoPublicConstructor):
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
 async def _read_live(sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound]) -> None:
     """Move live messages from the socket to the inbox, every one waiting at once together.
-    Each turn sends to the inbox, which is a checkpoint: the loop needs no other."""
+    Sending to the inbox is a checkpoint; a wake-up that finds nothing makes its own, so the
+    loop never spins without yielding."""
     while True:
         await sub.wait(zmq.POLLIN)
         messages = sub.receive_waiting(LIVE_BURST)
