@@ -27,6 +27,12 @@ def test_sampling_seed_wins_when_both_are_set() -> None:
     assert resolve_sampling_seed(5, 9) == 5
 
 
+def test_sampling_seed_wins_over_a_negative_legacy_seed() -> None:
+    # The legacy seed is not looked at when sampling_seed is present, so -1 ("unset") is fine.
+    assert resolve_sampling_seed(5, -1) == 5
+    assert resolve_sampling_seed(0, -(2**63)) == 0
+
+
 def test_seed_zero_is_a_seed_not_absent() -> None:
     assert resolve_sampling_seed(0, 9) == 0
     assert resolve_sampling_seed(None, 0) == 0
@@ -36,7 +42,9 @@ def test_no_seed_at_all() -> None:
     assert resolve_sampling_seed(None, None) is None
 
 
-@pytest.mark.parametrize(("sampling", "legacy"), [(None, -1), (-5, None), (2**64, None)])
+@pytest.mark.parametrize(
+    ("sampling", "legacy"), [(None, -1), (-5, None), (2**64, None), (-5, 9), (None, 2**64)]
+)
 def test_out_of_range_seed_is_refused_naming_the_value(
     sampling: int | None, legacy: int | None
 ) -> None:

@@ -1,7 +1,7 @@
 """Sampling seeds as the model gateway in front of TokenSpeed resolves them, and n > 1 fan-out.
 
 A request may carry `sampling_seed` (unsigned 64-bit) and the older OpenAI `seed`; the first
-wins when both are set. Choice i of an n-choice request gets `seed + i` (mod 2**64), so every
+wins when both are set, and then the second is not looked at. Choice i of an n-choice request gets `seed + i` (mod 2**64), so every
 choice is reproducible and no two choices share a stream.
 """
 
@@ -33,11 +33,13 @@ def _check_seed(value: int | None, name: str) -> int | None:
 def resolve_sampling_seed(sampling_seed: int | None, legacy_seed: int | None) -> int | None:
     """The seed a request samples with: `sampling_seed`, else the legacy `seed`, else None.
 
-    0 is a seed like any other, not "absent". Either value, if given, must fit in u64.
+    0 is a seed like any other, not "absent". The legacy seed is looked at (and refused when
+    negative) only when `sampling_seed` is absent: a gateway that fills in both, the legacy one
+    as -1 for "unset", still gets the explicit seed.
     """
-    chosen = _check_seed(sampling_seed, "sampling_seed")
-    legacy = _check_seed(legacy_seed, "seed")
-    return chosen if chosen is not None else legacy
+    if sampling_seed is not None:
+        return _check_seed(sampling_seed, "sampling_seed")
+    return _check_seed(legacy_seed, "seed")
 
 
 def _seed_field(value: int | None) -> int | None:
