@@ -1,8 +1,8 @@
 """Sampling seeds as the model gateway in front of TokenSpeed resolves them, and n > 1 fan-out.
 
 A request may carry `sampling_seed` (unsigned 64-bit) and the older OpenAI `seed`; the first
-wins when both are set, and then the second is not looked at. Choice i of an n-choice request gets `seed + i` (mod 2**64), so every
-choice is reproducible and no two choices share a stream.
+wins when both are set, and then the second is not looked at. Choice i of an n-choice request
+gets `seed + i` (mod 2**64), so every choice is reproducible and no two choices share a stream.
 """
 
 from __future__ import annotations
