@@ -8,26 +8,42 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, MMKey
 from tskv.prefix_index import PrefixIndex
 
 BS = 2  # tokens a block: small, so random streams share prefixes often
+Path = tuple[object, ...]
+
+
+def items_of(mm_keys: list[list[MMKey]] | None, index: int) -> object:
+    """A block's multimodal items as the oracle tells them apart: content hash and offset."""
+    if mm_keys is None or index >= len(mm_keys) or not mm_keys[index]:
+        return None
+    return tuple((key.hash, key.start_offset) for key in mm_keys[index])
 
 
 class Oracle:
-    """Per worker: engine hash -> the full token prefix the block ends (None: parent unknown)."""
+    """Per worker: engine hash -> the whole identity of the prefix the block ends, written
+    out (the salt, then each block's tokens and multimodal items); None: parent unknown."""
 
     def __init__(self) -> None:
-        self.held: dict[str, dict[int, tuple[int, ...] | None]] = {}
+        self.held: dict[str, dict[int, Path | None]] = {}
 
     def apply(self, worker: str, events: list) -> None:  # type: ignore[type-arg]
         held = self.held.setdefault(worker, {})
         for event in events:
             if isinstance(event, BlockStored):
-                path = () if event.parent_block_hash is None else held.get(event.parent_block_hash)
+                path: Path | None = (
+                    (("salt", event.cache_salt),)
+                    if event.parent_block_hash is None
+                    else held.get(event.parent_block_hash)
+                )
                 for i, block in enumerate(event.block_hashes):
                     chunk = tuple(event.token_ids[i * BS : (i + 1) * BS])
-                    path = None if path is None or len(chunk) != BS else path + chunk
+                    if path is None or len(chunk) != BS:
+                        path = None
+                    else:
+                        path = (*path, (chunk, items_of(event.mm_keys, i)))
                     held[block] = path
             elif isinstance(event, BlockRemoved):
                 for block in event.block_hashes:
@@ -35,12 +51,18 @@ class Oracle:
             else:
                 held.clear()
 
-    def match(self, tokens: list[int]) -> dict[str, int]:
+    def match(self, query: Query) -> dict[str, int]:
+        tokens, salt, mm_keys = query
         result = {}
         for worker, held in self.held.items():
             paths = set(held.values())
+            path: Path = (("salt", salt),)
             depth = 0
-            while depth < len(tokens) // BS and tuple(tokens[: (depth + 1) * BS]) in paths:
+            while depth < len(tokens) // BS:
+                chunk = tuple(tokens[depth * BS : (depth + 1) * BS])
+                path = (*path, (chunk, items_of(mm_keys, depth)))
+                if path not in paths:
+                    break
                 depth += 1
             if depth:
                 result[worker] = depth
@@ -49,6 +71,12 @@ class Oracle:
 
 tokens = st.integers(0, 2)  # a tiny vocabulary: many shared prefixes
 workers = st.sampled_from(["a", "b", "c", "d"])
+salts = st.sampled_from([None, None, "tenant-1", "tenant-2"])
+# per block: no item, or one of two images at one of two offsets
+block_items = st.lists(st.builds(MMKey, st.sampled_from(["img-a", "img-b"]), st.integers(0, 1)))
+mm_keys = st.none() | st.lists(block_items, max_size=3)
+Query = tuple[list[int], str | None, list[list[MMKey]] | None]
+queries = st.tuples(st.lists(tokens, max_size=10), salts, mm_keys)
 
 
 @st.composite
@@ -65,7 +93,10 @@ def streams(draw: st.DrawFn) -> list[tuple[str, list]]:  # type: ignore[type-arg
             size = draw(st.sampled_from([count * BS, count * BS, count * BS - 1]))
             body = draw(st.lists(tokens, min_size=size, max_size=size))
             parent = draw(st.none() | st.integers(0, 40))
-            out.append((worker, [BlockStored(hashes, parent, body, BS)]))
+            stored = BlockStored(
+                hashes, parent, body, BS, cache_salt=draw(salts), mm_keys=draw(mm_keys)
+            )
+            out.append((worker, [stored]))
         elif kind == "remove":
             out.append((worker, [BlockRemoved(draw(st.lists(st.integers(0, 40), max_size=4)))]))
         elif kind == "clear":
@@ -76,10 +107,10 @@ def streams(draw: st.DrawFn) -> list[tuple[str, list]]:  # type: ignore[type-arg
 
 
 @settings(max_examples=400)
-@given(streams(), st.lists(st.lists(tokens, max_size=10), min_size=1, max_size=5))
+@given(streams(), st.lists(queries, min_size=1, max_size=5))
 def test_every_answer_equals_the_brute_force_oracle(
     stream: list[tuple[str, list]],  # type: ignore[type-arg]
-    queries: list[list[int]],
+    asked: list[Query],
 ) -> None:
     index, oracle = PrefixIndex(BS), Oracle()
     for worker, events in stream:
@@ -89,8 +120,9 @@ def test_every_answer_equals_the_brute_force_oracle(
         else:
             index.apply(worker, KVEventBatch(0.0, events))
             oracle.apply(worker, events)
-        for query in queries:
-            assert dict(index.match(query)) == oracle.match(query)
+        for query in asked:
+            tokens, salt, mm = query
+            assert dict(index.match(tokens, cache_salt=salt, mm_keys=mm)) == oracle.match(query)
     for worker in oracle.held:
         assert index.engine_hashes(worker) == set(oracle.held[worker])
 
@@ -117,6 +149,35 @@ def test_lora_and_extra_keys_separate_prefixes() -> None:
     assert index.match([5, 5]) == {"base": 1}
     assert index.match([5, 5], lora_name="sql") == {"lora": 1}
     assert index.match([5, 5], extra_keys=[("img-hash",)]) == {"image": 1}
+
+
+def test_a_tenants_salted_blocks_never_answer_another_tenants_query() -> None:
+    index = PrefixIndex(BS)
+    index.apply("a", [BlockStored([1, 2], None, [5, 5, 6, 6], BS, cache_salt="tenant-a")])
+    index.apply("b", [BlockStored([1, 2], None, [5, 5, 6, 6], BS, cache_salt="tenant-b")])
+    index.apply("plain", [BlockStored([1, 2], None, [5, 5, 6, 6], BS)])
+    assert index.match([5, 5, 6, 6], cache_salt="tenant-a") == {"a": 2}
+    assert index.match([5, 5, 6, 6], cache_salt="tenant-b") == {"b": 2}
+    assert index.match([5, 5, 6, 6]) == {"plain": 2}
+
+
+def test_multimodal_items_and_string_tokens_are_part_of_a_blocks_identity() -> None:
+    image = [[MMKey("9f2c", 1, "img-0")], []]
+    index = PrefixIndex(BS)
+    index.apply("w", [BlockStored([1, 2], None, [1, "<image>", 3, 4], BS, mm_keys=image)])
+    assert index.match([1, "<image>", 3, 4], mm_keys=image) == {"w": 2}
+    relabelled = [[MMKey("9f2c", 1, "another-uuid")], []]  # the uuid names, it does not identify
+    assert index.match([1, "<image>", 3, 4], mm_keys=relabelled) == {"w": 2}
+    assert index.match([1, "<image>", 3, 4], mm_keys=[[MMKey("other", 1)], []]) == {}
+    assert index.match([1, "<image>", 3, 4]) == {}  # the same placeholder, no image: no hit
+
+
+def test_what_is_not_an_event_or_a_token_list_is_refused_naming_it() -> None:
+    index = PrefixIndex(BS)
+    with pytest.raises(TypeError, match="42 is not a BlockStored"):
+        index.apply("w", [42])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="token_ids = None must be a sequence"):
+        index.match(None)  # type: ignore[arg-type]
 
 
 def test_a_block_cached_in_two_tiers_stays_until_both_are_removed() -> None:

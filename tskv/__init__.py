@@ -3,7 +3,15 @@
 from tskv.codec import WireError, codec_name, decode_batch, encode_batch
 from tskv.config import ConfigError, KVEventsConfig
 from tskv.endpoints import EndpointError, offset_endpoint_port
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    MMKey,
+    UnknownEvent,
+)
 from tskv.key_files import KeyFileError
 from tskv.prefix_index import Match, PrefixIndex
 from tskv.publisher import (
@@ -36,6 +44,7 @@ __all__ = [
     "KeyFileError",
     "Loss",
     "LossReason",
+    "MMKey",
     "Match",
     "NullEventPublisher",
     "PrefixIndex",
@@ -45,6 +54,7 @@ __all__ = [
     "PublisherStatistics",
     "Subscriber",
     "SubscriberStatistics",
+    "UnknownEvent",
     "Watcher",
     "WireError",
     "WorkerStatus",

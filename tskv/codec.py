@@ -15,7 +15,8 @@ anything that does not fit that fast path goes through the general one, which ch
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
@@ -23,17 +24,25 @@ import msgpack
 
 from tskv._msgspec import msgspec
 from tskv.events import (
-    EVENT_TYPES,
+    ALWAYS_SENT,
+    KNOWN_EVENT_TYPES,
+    NO_FIELDS,
+    OPTIONAL_FIELDS,
+    POSITIONAL_OPTIONAL,
     REMOVED_OPTIONAL,
+    REQUIRED,
     STORED_OPTIONAL,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEvent,
     KVEventBatch,
+    MMKey,
+    UnknownEvent,
     check_event,
     check_events,
     not_an_event,
+    set_optional_fields,
 )
 
 logger = logging.getLogger("tskv")
@@ -48,19 +57,25 @@ class WireError(ValueError):
 
 @attrs.define
 class DroppedFields:
-    """Optional event fields the TokenSpeed wire had no slot for: counted, and logged once."""
+    """What the TokenSpeed wire had no slot for (optional or unknown fields, events of an
+    unknown type): counted, and logged once."""
 
     events: int = 0
+    skipped: int = 0  # of those, events left out whole (their type has no slot either)
 
     def note(self, event: KVEvent) -> None:
+        if not isinstance(event, UnknownEvent) and not set_optional_fields(event):
+            return  # an empty mapping given for unknown_fields: nothing is dropped
         if not self.events:
-            names = STORED_OPTIONAL if isinstance(event, BlockStored) else REMOVED_OPTIONAL
-            set_names = [name for name in names if getattr(event, name) is not None]
+            if isinstance(event, UnknownEvent):
+                what = f"events of type {event.type!r} (sent without them)"
+            else:
+                what = f"{', '.join(set_optional_fields(event))} (events are sent without it)"
             logger.warning(
-                "the tokenspeed wire has no slot for %s: events are sent without it (counted in "
-                "statistics().events_with_dropped_fields); set wire_format='vllm' to send it. "
+                "the tokenspeed wire has no slot for %s; counted in "
+                "statistics().events_with_dropped_fields; set wire_format='vllm' to send it. "
                 "Logged once per publisher.",
-                ", ".join(set_names),
+                what,
             )
         self.events += 1
 
@@ -72,52 +87,72 @@ def tokenspeed_events(events: Iterable[KVEvent], dropped: DroppedFields) -> list
     """Each event as TokenSpeed's array: its tag, then its four (or one) fields.
 
     This runs for every event of every round, so it does only what it must: build the array,
-    and notice optional fields this wire cannot carry. Values are checked by the encoder (a hash
-    no msgpack int can hold, a container it cannot encode: then every event is checked, to name
-    the bad field) and, in strict mode, in full before this.
+    and notice fields this wire cannot carry. The usual event (a store or removal with nothing
+    optional set) is made in one comprehension; anything else goes through `_tokenspeed_event`.
+    Values are checked by the encoder (a hash no msgpack int can hold, a container it cannot
+    encode: then every event is checked, to name the bad field) and, in strict mode, in full
+    before this.
     """
-    plain: list[Any] = []
-    append = plain.append
-    for event in events:
-        kind = type(event)
-        if kind is BlockStored:
-            stored: BlockStored = event  # type: ignore[assignment]
-            if not (
-                stored.lora_id is None
-                and stored.medium is None
-                and stored.lora_name is None
-                and stored.extra_keys is None
-                and stored.group_idx is None
-                and stored.kv_cache_spec_kind is None
-                and stored.kv_cache_spec_sliding_window is None
-                and stored.locality is None
-            ):
-                dropped.note(stored)
-            append(
-                (
-                    _STORED,
-                    stored.block_hashes,
-                    stored.parent_block_hash,
-                    stored.token_ids,
-                    stored.block_size,
-                )
-            )
-        elif kind is BlockRemoved:
-            removed: BlockRemoved = event  # type: ignore[assignment]
-            if not (
-                removed.medium is None and removed.group_idx is None and removed.locality is None
-            ):
-                dropped.note(removed)
-            append((_REMOVED, removed.block_hashes))
-        elif kind is AllBlocksCleared:
-            append(_CLEARED)
-        else:
-            raise not_an_event(f"events[{len(plain)}]", event)
+    skipped = dropped.skipped
+    plain = [
+        (_STORED, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
+        if type(event) is BlockStored
+        and event.lora_id is None
+        and event.medium is None
+        and event.lora_name is None
+        and event.extra_keys is None
+        and event.group_idx is None
+        and event.kv_cache_spec_kind is None
+        and event.kv_cache_spec_sliding_window is None
+        and event.locality is None
+        and event.mm_keys is None
+        and event.cache_salt is None
+        and event.session_id is None
+        and event.unknown_fields is NO_FIELDS  # identity: a mapping's len costs more
+        else (_REMOVED, event.block_hashes)
+        if type(event) is BlockRemoved
+        and event.medium is None
+        and event.group_idx is None
+        and event.locality is None
+        and event.unknown_fields is NO_FIELDS
+        else _tokenspeed_event(event, dropped, events)
+        for event in events
+    ]
+    if dropped.skipped != skipped:  # events this wire has no slot for at all
+        return [value for value in plain if value is not _SKIPPED]
     return plain
 
 
+_SKIPPED = object()
+
+
+def _tokenspeed_event(event: object, dropped: DroppedFields, events: Iterable[object]) -> object:
+    """An event with something this wire cannot carry (noted, and left out), a cache reset, or
+    something not an event."""
+    if isinstance(event, UnknownEvent):
+        dropped.note(event)
+        dropped.skipped += 1
+        return _SKIPPED
+    kind = type(event)
+    if kind is AllBlocksCleared:
+        if event.unknown_fields is not NO_FIELDS:  # type: ignore[attr-defined]
+            dropped.note(event)  # type: ignore[arg-type]
+        return _CLEARED
+    if kind is BlockStored:
+        dropped.note(event)  # type: ignore[arg-type]
+        stored: BlockStored = event  # type: ignore[assignment]
+        return (_STORED, *(getattr(stored, name) for name in REQUIRED[BlockStored]))
+    if kind is BlockRemoved:
+        dropped.note(event)  # type: ignore[arg-type]
+        return (_REMOVED, event.block_hashes)  # type: ignore[attr-defined]
+    index = next(index for index, item in enumerate(events) if item is event)
+    raise not_an_event(f"events[{index}]", event)
+
+
 def vllm_events(events: Iterable[KVEvent], _: DroppedFields | None = None) -> list[Any]:
-    """Each event as vLLM's map: its fields without a default always, the others when set."""
+    """Each event as vLLM's map: its required fields and lora_id, medium and lora_name always,
+    the other optional ones when set, then whatever unknown fields it came with; an unknown
+    event as it came."""
     plain: list[Any] = []
     for event in events:
         if isinstance(event, BlockStored):
@@ -131,20 +166,42 @@ def vllm_events(events: Iterable[KVEvent], _: DroppedFields | None = None) -> li
                 "medium": event.medium,
                 "lora_name": event.lora_name,
             }
-            for name in STORED_OPTIONAL[3:]:
+            for name in _STORED_WHEN_SET:
                 if getattr(event, name) is not None:
                     value[name] = getattr(event, name)
+            if event.mm_keys is not None:  # as maps, in the place the loop gave it
+                value["mm_keys"] = [[_mm_key_map(key) for key in keys] for keys in event.mm_keys]
         elif isinstance(event, BlockRemoved):
             value = {"type": _REMOVED, "block_hashes": event.block_hashes, "medium": event.medium}
-            for name in REMOVED_OPTIONAL[1:]:
+            for name in _REMOVED_WHEN_SET:
                 if getattr(event, name) is not None:
                     value[name] = getattr(event, name)
         elif isinstance(event, AllBlocksCleared):
             value = {"type": "AllBlocksCleared"}
+        elif isinstance(event, UnknownEvent):
+            plain.append({"type": event.type, **event.fields})
+            continue
         else:
             raise not_an_event(f"events[{len(plain)}]", event)
+        if event.unknown_fields:
+            for name, field in event.unknown_fields.items():
+                value.setdefault(name, field)
         plain.append(value)
     return plain
+
+
+_STORED_WHEN_SET = tuple(name for name in STORED_OPTIONAL if name not in ALWAYS_SENT)
+_REMOVED_WHEN_SET = REMOVED_OPTIONAL[1:]
+
+
+def _mm_key_map(key: MMKey) -> dict[str, Any]:
+    """TensorRT-LLM's `mm_key` map: tagged, and its uuid only when set."""
+    value: dict[str, Any] = {"type": "mm_key", "hash": key.hash, "start_offset": key.start_offset}
+    if key.uuid is not None:
+        value["uuid"] = key.uuid
+    for name, field in key.unknown_fields.items():
+        value.setdefault(name, field)
+    return value
 
 
 _WIRES: dict[str, Callable[[Iterable[KVEvent], DroppedFields], list[Any]]] = {
@@ -164,6 +221,8 @@ def plain_events(
     dropped: DroppedFields | None = None,
 ) -> list[Any]:
     """The events as the plain values the wire's msgpack array holds."""
+    if type(events) is not list and type(events) is not tuple:
+        events = list(events)  # a generator, say: walked again to name a bad value
     if strict:
         check_events(events)
     return _WIRES[wire_format](events, dropped or _UNATTRIBUTED)
@@ -329,52 +388,97 @@ def _hashes(value: Any, index: int) -> Any:
     return [_hash(item) for item in value]
 
 
-_REQUIRED = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
-    "BlockRemoved": ("block_hashes",),
-    "AllBlocksCleared": (),
+_NAMES = {kind.__name__: (REQUIRED[kind], OPTIONAL_FIELDS[kind]) for kind in KNOWN_EVENT_TYPES}
+_KNOWN_KEYS = {
+    tag: frozenset(("type", *required, *optional)) for tag, (required, optional) in _NAMES.items()
 }
-_OPTIONAL = {
-    "BlockStored": STORED_OPTIONAL,
-    "BlockRemoved": REMOVED_OPTIONAL,
-    "AllBlocksCleared": (),
-}
-_TYPES = {event_type.__name__: event_type for event_type in EVENT_TYPES}
+_POSITIONAL = {"BlockStored": POSITIONAL_OPTIONAL, "BlockRemoved": REMOVED_OPTIONAL}
+_TYPES = {kind.__name__: kind for kind in KNOWN_EVENT_TYPES}
 
 
-def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]]:
+def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]] | UnknownEvent:
     """An event's tag and its fields by name, from a map (vLLM) or a tagged array (positional:
-    trailing fields take the optional fields' names in order, as vLLM's positional Structs had
-    them; any further ones are dropped)."""
+    trailing fields take the names vLLM's positional Structs gave them, in order; any further
+    ones are kept in `unknown_fields` under their position). An event of an unknown type is
+    kept whole."""
     if isinstance(raw, dict):
         if not all(isinstance(key, str) for key in raw):
             raise WireError(f"event {index}: map keys must be strings, got {_show(list(raw))}")
         tag = raw.get("type")
-        if not isinstance(tag, str) or tag not in _REQUIRED:
-            raise WireError(f"event {index}: unknown event type {_show(tag)}")
-        missing = [
-            name for name in _REQUIRED[tag] if name not in raw and name != "parent_block_hash"
-        ]
+        if not isinstance(tag, str):
+            raise WireError(f"event {index}: a map event needs a string 'type', got {_show(tag)}")
+        if tag not in _NAMES:
+            return UnknownEvent(tag, _read_only({k: v for k, v in raw.items() if k != "type"}))
+        required, optional = _NAMES[tag]
+        missing = [name for name in required if name not in raw and name != "parent_block_hash"]
         if missing:
             raise WireError(f"event {index}: {tag} lacks {', '.join(missing)}")
-        names = _REQUIRED[tag] + _OPTIONAL[tag]
-        return tag, {name: raw.get(name) for name in names}
+        fields = {name: raw.get(name) for name in required}
+        for name in optional:
+            if name in raw:
+                fields[name] = raw[name]
+        known = _KNOWN_KEYS[tag]
+        if not raw.keys() <= known:
+            fields["unknown_fields"] = _read_only({k: v for k, v in raw.items() if k not in known})
+        return tag, fields
     if isinstance(raw, (list, tuple)) and raw:
         tag = raw[0]
-        if not isinstance(tag, str) or tag not in _REQUIRED:
-            raise WireError(f"event {index}: unknown event type {_show(tag)}")
-        required = _REQUIRED[tag]
+        if not isinstance(tag, str):
+            raise WireError(f"event {index}: an array event starts with its type, got {_show(tag)}")
+        if tag not in _NAMES:
+            return UnknownEvent(tag, _read_only({str(i): v for i, v in enumerate(raw) if i}))
+        required = _NAMES[tag][0]
         if len(raw) - 1 < len(required):
             raise WireError(
                 f"event {index}: {tag} needs {len(required)} fields after its tag, "
                 f"got {len(raw) - 1}"
             )
-        return tag, dict(zip(required + _OPTIONAL[tag], raw[1:], strict=False))
+        names = required + _POSITIONAL.get(tag, ())
+        fields = dict(zip(names, raw[1:], strict=False))
+        if len(raw) > len(names) + 1:
+            extra = {str(i): raw[i] for i in range(len(names) + 1, len(raw))}
+            fields["unknown_fields"] = _read_only(extra)
+        return tag, fields
     raise WireError(f"event {index}: must be a tagged array or map, got {_show(raw)}")
 
 
+def _read_only(fields: dict[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(fields) if fields else NO_FIELDS
+
+
+def _mm_keys(index: int, value: Any) -> Any:
+    """TensorRT-LLM's multimodal keys: per block, a list of `mm_key` maps."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, (list, tuple)) for v in value):
+        raise WireError(f"event {index}: mm_keys must be an array of arrays, got {_show(value)}")
+    return [[_mm_key(index, key) for key in keys] for keys in value]
+
+
+_MM_KEY_FIELDS = frozenset(("type", "hash", "start_offset", "uuid"))
+
+
+def _mm_key(index: int, raw: Any) -> MMKey:
+    if not isinstance(raw, dict) or "hash" not in raw or "start_offset" not in raw:
+        raise WireError(
+            f"event {index}: an mm_key must be a map with hash and start_offset, got {_show(raw)}"
+        )
+    digest, offset, uuid = raw["hash"], raw["start_offset"], raw.get("uuid")
+    if isinstance(digest, bool) or not isinstance(digest, (str, int)):
+        raise WireError(f"event {index}: mm_key hash must be a string, got {_show(digest)}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise WireError(f"event {index}: mm_key start_offset must be an int >= 0, got {offset!r}")
+    if uuid is not None and not isinstance(uuid, str):
+        raise WireError(f"event {index}: mm_key uuid must be a string or nil, got {_show(uuid)}")
+    unknown = {k: v for k, v in raw.items() if k not in _MM_KEY_FIELDS}
+    return MMKey(digest, offset, uuid, _read_only(unknown) if unknown else NO_FIELDS)
+
+
 def _event(index: int, raw: Any) -> KVEvent:
-    tag, fields = _fields(index, raw)
+    found = _fields(index, raw)
+    if isinstance(found, UnknownEvent):
+        return found
+    tag, fields = found
     if "block_hashes" in fields:
         fields["block_hashes"] = _hashes(fields["block_hashes"], index)
     if tag == "BlockStored":
@@ -383,6 +487,8 @@ def _event(index: int, raw: Any) -> KVEvent:
             raise WireError(
                 f"event {index}: token_ids must be an array, got {_show(fields['token_ids'])}"
             )
+        if fields.get("mm_keys") is not None:
+            fields["mm_keys"] = _mm_keys(index, fields["mm_keys"])
     try:
         event: KVEvent = _TYPES[tag](**fields)
         check_event(f"event {index}: {tag}", event)

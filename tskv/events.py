@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import sys
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import attrs
@@ -49,21 +50,32 @@ def _meta(**constraints: int) -> object:
 Token = Annotated[int, _meta(ge=TOKEN_MIN, le=TOKEN_LIMIT - 1)]
 BlockSize = Annotated[int, _meta(ge=1)]
 Index = Annotated[int, _meta(ge=0)]
+NO_FIELDS: Mapping[str, Any] = MappingProxyType({})  # `unknown_fields` when nothing unknown came
+
+
+class _NotPositional:
+    """What msgspec's typed decoder is told the fields no positional dialect carries are: no
+    wire value decodes as one, so a positional event long enough to reach them leaves the fast
+    path for the general one, which keeps its extra values in `unknown_fields`."""
 
 
 @dataclass_transform(frozen_default=True)
 def _record(
-    *, tag: bool = False, forbid_unknown_fields: bool = False
+    *,
+    tag: bool = False,
+    forbid_unknown_fields: bool = False,
+    decode_as: Mapping[str, Any] | None = None,
 ) -> Callable[[type[T]], type[T]]:
     """Make a class of annotated fields a frozen record: a msgspec Struct (array-like, as the
-    wire is) when msgspec is used, else a slotted attrs class. One declaration, both worlds."""
+    wire is) when msgspec is used, else a slotted attrs class. One declaration, both worlds.
+    `decode_as` gives msgspec's typed decoder other types than the annotations for some fields."""
 
     def make(cls: type[T]) -> type[T]:
         if msgspec is None:
             if "__post_init__" in cls.__dict__:
                 cls.__attrs_post_init__ = cls.__dict__["__post_init__"]  # type: ignore[attr-defined]
             return attrs.frozen(slots=True)(cls)
-        hints = typing.get_type_hints(cls, include_extras=True)
+        hints = {**typing.get_type_hints(cls, include_extras=True), **(decode_as or {})}
         fields = [
             (name, hints[name], cls.__dict__[name]) if name in cls.__dict__ else (name, hints[name])
             for name in cls.__annotations__
@@ -88,19 +100,42 @@ def _record(
     return make
 
 
-@_record(tag=True)
+@attrs.frozen
+class MMKey:
+    """One multimodal segment in a block (TensorRT-LLM's `mm_key`): the content hash of the
+    image or other item, where in the block it starts, and the request's label for it."""
+
+    hash: str | int
+    start_offset: int
+    uuid: str | None = None
+    unknown_fields: Mapping[str, Any] = NO_FIELDS
+
+
+_UNPOSITIONAL = {
+    "mm_keys": _NotPositional | None,
+    "cache_salt": _NotPositional | None,
+    "session_id": _NotPositional | None,
+    "unknown_fields": _NotPositional,
+}
+
+
+@_record(tag=True, decode_as=_UNPOSITIONAL)
 class BlockStored:
     """Blocks newly cached, in chain order; `parent_block_hash` is the block before the first.
 
     `token_ids` need not fill `len(block_hashes) * block_size`: schedulers emit per-page events.
-    The fields after `block_size` are optional (unset is None) and in vLLM's order: the storage
-    tier, LoRA, per-block extra keys, the KV cache group of hybrid models, locality. Only the
-    vLLM wire carries them (`KVEventsConfig.wire_format`).
+    A token id may be a string (TensorRT-LLM's placeholder for a multimodal item). The fields
+    after `block_size` are optional (unset is None): vLLM's, in its order (the storage tier,
+    LoRA, per-block extra keys, the KV cache group of hybrid models, locality), then
+    TensorRT-LLM's per-block multimodal keys and SGLang's cache salt (a tenant's namespace: the
+    same tokens under two salts are two blocks) and session id. `unknown_fields` holds, read
+    only, whatever else a publisher sent. Only the vLLM wire carries these
+    (`KVEventsConfig.wire_format`).
     """
 
     block_hashes: Sequence[int]
     parent_block_hash: int | None
-    token_ids: Sequence[Token]
+    token_ids: Sequence[Token | str]
     block_size: BlockSize
     lora_id: int | None = None
     medium: str | None = None
@@ -110,9 +145,13 @@ class BlockStored:
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
     locality: str | None = None
+    mm_keys: Sequence[Sequence[MMKey]] | None = None
+    cache_salt: str | None = None
+    session_id: str | None = None
+    unknown_fields: Mapping[str, Any] = NO_FIELDS
 
 
-@_record(tag=True)
+@_record(tag=True, decode_as=_UNPOSITIONAL)
 class BlockRemoved:
     """Blocks evicted from the cache (optionally: from which tier, group and locality)."""
 
@@ -120,15 +159,31 @@ class BlockRemoved:
     medium: str | None = None
     group_idx: Index | None = None
     locality: str | None = None
+    unknown_fields: Mapping[str, Any] = NO_FIELDS
 
 
-@_record(tag=True)
+@_record(tag=True, decode_as=_UNPOSITIONAL)
 class AllBlocksCleared:
     """The whole prefix cache was reset; consumers forget every block of this worker."""
 
+    unknown_fields: Mapping[str, Any] = NO_FIELDS
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
-EVENT_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared)
+
+@attrs.frozen
+class UnknownEvent:
+    """An event of a type tskv does not know (a newer engine's), kept in its place in the batch
+    with every field it came with (a positional one's values keyed by position: "1", "2", ...).
+    The vLLM wire sends it on as it came; TokenSpeed's has no slot for it."""
+
+    type: str
+    fields: Mapping[str, Any] = NO_FIELDS
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent
+KNOWN_EVENT_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared)
+EVENT_TYPES = (*KNOWN_EVENT_TYPES, UnknownEvent)
+# The optional fields in wire order: vLLM's positional generations carried the first eight,
+# in this order, after the required ones; the rest only ever come in maps.
 STORED_OPTIONAL = (
     "lora_id",
     "medium",
@@ -138,23 +193,56 @@ STORED_OPTIONAL = (
     "kv_cache_spec_kind",
     "kv_cache_spec_sliding_window",
     "locality",
+    "mm_keys",
+    "cache_salt",
+    "session_id",
 )
+POSITIONAL_OPTIONAL = STORED_OPTIONAL[:8]
 REMOVED_OPTIONAL = ("medium", "group_idx", "locality")
-FIELDS: dict[type, tuple[str, ...]] = {
-    BlockStored: ("block_hashes", "parent_block_hash", "token_ids", "block_size", *STORED_OPTIONAL),
-    BlockRemoved: ("block_hashes", *REMOVED_OPTIONAL),
+ALWAYS_SENT = ("lora_id", "medium", "lora_name")  # vLLM's maps carry these even when nil
+PER_BLOCK = ("extra_keys", "mm_keys")  # one entry per block: they go with the blocks they name
+REQUIRED: dict[type, tuple[str, ...]] = {
+    BlockStored: ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
+    BlockRemoved: ("block_hashes",),
     AllBlocksCleared: (),
+}
+OPTIONAL_FIELDS: dict[type, tuple[str, ...]] = {
+    BlockStored: STORED_OPTIONAL,
+    BlockRemoved: REMOVED_OPTIONAL,
+    AllBlocksCleared: (),
+}
+FIELDS: dict[type, tuple[str, ...]] = {
+    kind: REQUIRED[kind] + OPTIONAL_FIELDS[kind] for kind in KNOWN_EVENT_TYPES
 }
 OPTIONAL = frozenset(STORED_OPTIONAL)
 
 
 def event_fields(event: KVEvent) -> dict[str, Any]:
-    """An event's fields by name, the optional ones only when set (as vLLM's maps have them)."""
-    return {
+    """An event's fields by name, the optional ones only when set (as vLLM's maps have them),
+    and `unknown_fields` when any came."""
+    if isinstance(event, UnknownEvent):
+        return dict(event.fields)
+    fields = {
         name: getattr(event, name)
         for name in FIELDS[type(event)]
         if name not in OPTIONAL or getattr(event, name) is not None
     }
+    if event.unknown_fields:
+        fields["unknown_fields"] = dict(event.unknown_fields)
+    return fields
+
+
+def set_optional_fields(event: BlockStored | BlockRemoved | AllBlocksCleared) -> list[str]:
+    """The names of the optional fields `event` has set, `unknown_fields` among them."""
+    names = [name for name in OPTIONAL_FIELDS[type(event)] if getattr(event, name) is not None]
+    return [*names, "unknown_fields"] if event.unknown_fields else names
+
+
+def replace(event: T, **changes: Any) -> T:
+    """A copy of a record with some fields changed (every other field kept, new ones too)."""
+    if msgspec is None:
+        return attrs.evolve(event, **changes)  # type: ignore[misc]
+    return msgspec.structs.replace(event, **changes)  # type: ignore[no-any-return]
 
 
 def _set(record: object, name: str, value: object) -> None:
@@ -165,7 +253,11 @@ def _set(record: object, name: str, value: object) -> None:
         msgspec.structs.force_setattr(record, name, value)
 
 
-@_record(forbid_unknown_fields=True)
+@_record(
+    forbid_unknown_fields=True,
+    # the fast path decodes TokenSpeed's dialect only; an unknown event takes the general one
+    decode_as={"events": Sequence[BlockStored | BlockRemoved | AllBlocksCleared]},
+)
 class KVEventBatch:
     """One scheduling round's events, stamped with the round's time and the publishing rank."""
 
@@ -207,15 +299,34 @@ def _bad_int(where: str, value: object, lo: int, hi: int) -> ValueError | TypeEr
     return ValueError(f"{where} = {value} is outside [{lo}, {hi}); use a value in that range")
 
 
-def _ints(where: str, values: object, lo: int, hi: int) -> None:
+def _ints(where: str, values: object, lo: int, hi: int, strings: bool = False) -> None:
+    """Ints in [lo, hi) (or, with `strings`, strings too: TensorRT-LLM's placeholder tokens)."""
     if type(values) not in (list, tuple):
         raise TypeError(f"{where} must be a list or tuple of ints, got {values!r}; pass list(...)")
     assert isinstance(values, (list, tuple))
     if set(map(type, values)) <= {int} and (not values or (min(values) >= lo and max(values) < hi)):
         return  # the usual case, at C speed
     for index, value in enumerate(values):
+        if strings and type(value) is str:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < hi:
             raise _bad_int(f"{where}[{index}]", value, lo, hi)
+
+
+def _mapping(where: str, value: object) -> None:
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise TypeError(f"{where} = {value!r} must be a mapping of field names (str) to values")
+
+
+def _mm_keys(where: str, value: object) -> None:
+    if value is None:
+        return
+    if type(value) not in (list, tuple):
+        raise TypeError(f"{where} = {value!r} must be a list (per block) of lists of tskv.MMKey")
+    assert isinstance(value, (list, tuple))
+    for index, keys in enumerate(value):
+        if type(keys) not in (list, tuple) or not all(isinstance(k, MMKey) for k in keys):
+            raise TypeError(f"{where}[{index}] = {keys!r} must be a list of tskv.MMKey")
 
 
 def _optional(where: str, value: object, kind: type | tuple[type, ...]) -> None:
@@ -230,7 +341,7 @@ def check_event(where: str, event: object) -> None:
         _ints(f"{where}.block_hashes", event.block_hashes, HASH_MIN, HASH_LIMIT)
         if event.parent_block_hash is not None:
             _ints(f"{where}.parent_block_hash", [event.parent_block_hash], HASH_MIN, HASH_LIMIT)
-        _ints(f"{where}.token_ids", event.token_ids, TOKEN_MIN, TOKEN_LIMIT)
+        _ints(f"{where}.token_ids", event.token_ids, TOKEN_MIN, TOKEN_LIMIT, strings=True)
         int_at_least(f"{where}.block_size", event.block_size, 1, type_error=TypeError)
         _optional(f"{where}.lora_id", event.lora_id, int)
         _optional(f"{where}.lora_name", event.lora_name, str)
@@ -240,10 +351,19 @@ def check_event(where: str, event: object) -> None:
         _optional(f"{where}.extra_keys", extra, (list, tuple))
         for index, keys in enumerate(extra or ()):
             _optional(f"{where}.extra_keys[{index}]", keys, (list, tuple))
+        _mm_keys(f"{where}.mm_keys", event.mm_keys)
+        _optional(f"{where}.cache_salt", event.cache_salt, str)
+        _optional(f"{where}.session_id", event.session_id, str)
     elif isinstance(event, BlockRemoved):
         _ints(f"{where}.block_hashes", event.block_hashes, HASH_MIN, HASH_LIMIT)
+    elif isinstance(event, UnknownEvent):
+        if not isinstance(event.type, str):
+            raise TypeError(f"{where}.type = {event.type!r} must be the event's type name (str)")
+        _mapping(f"{where}.fields", event.fields)
+        return
     elif not isinstance(event, AllBlocksCleared):
         raise not_an_event(where, event)
+    _mapping(f"{where}.unknown_fields", event.unknown_fields)
     if not isinstance(event, AllBlocksCleared):
         _optional(f"{where}.medium", event.medium, str)
         _optional(f"{where}.locality", event.locality, str)

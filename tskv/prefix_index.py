@@ -1,15 +1,18 @@
 """Which worker holds the longest prefix of a request: the KV-aware router's index, no I/O.
 
 The index keys a block by its content, not by the engine's hash: a block's key is Python's
-hash of its parent's key and its own token ids (and, at the root, the LoRA name; per block, the
-extra keys when the engine sends them). So it works whatever hashing scheme the engine uses
-(TokenSpeed's FNV, vLLM's SHA-256 or xxHash, the simulator's), and a query needs only the
-request's token ids. The engine's hashes are kept per worker only to resolve parents and
-removals. For each key the index keeps a bit mask of the workers holding it, so a query is one
-dict lookup and one AND per block, for all workers at once.
+hash of its parent's key and its own token ids; at the root, the LoRA name and the cache salt
+(SGLang's and vLLM's per-tenant namespace); per block, the extra keys and the multimodal keys
+(TensorRT-LLM's `mm_keys`: each item's content hash and where it starts) when the engine sends
+them. Everything that makes a block's identity in its engine is in its key, so one tenant's
+query never matches another tenant's salted blocks. It works whatever hashing scheme the
+engine uses (TokenSpeed's FNV, vLLM's SHA-256 or xxHash, the simulator's), and a query needs
+only the request's token ids and that identity. The engine's hashes are kept per worker only
+to resolve parents and removals. For each key the index keeps a bit mask of the workers
+holding it, so a query is one dict lookup and one AND per block, for all workers at once.
 
 Keys are Python `hash()` values: 64 bits, stable within a process (ints and tuples of them do
-not depend on PYTHONHASHSEED; a LoRA name does, which is fine as the index lives in one
+not depend on PYTHONHASHSEED; a LoRA name or a salt does, which is fine as the index lives in one
 process). Two different prefixes share a key with odds of about n²/2⁶⁴ for n cached blocks.
 """
 
@@ -18,7 +21,16 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    MMKey,
+    UnknownEvent,
+    not_an_event,
+)
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 _ROOT = "tskv-prefix-root"
@@ -27,16 +39,34 @@ _ABSENT = -1  # hash() never returns -1, so no key is ever this
 BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
 
 
-def root_key(lora_name: str | None) -> int:
-    """The key a chain hangs from: prefixes cached under different LoRA adapters differ."""
-    return hash((_ROOT, lora_name))
+def root_key(lora_name: str | None, cache_salt: str | None = None) -> int:
+    """The key a chain hangs from: prefixes cached under different LoRA adapters, or under
+    different cache salts, differ."""
+    if cache_salt is None:
+        return hash((_ROOT, lora_name))
+    return hash((_ROOT, lora_name, cache_salt))
 
 
 def _frozen(value: Any) -> Any:
     """Extra keys as something hashable (they arrive as lists from the wire)."""
     if isinstance(value, (list, tuple)):
         return tuple(_frozen(item) for item in value)
+    if isinstance(value, dict):
+        return tuple(sorted((key, _frozen(item)) for key, item in value.items()))
     return value
+
+
+def block_identity(
+    extra_keys: Sequence[Any] | None, mm_keys: Sequence[Sequence[MMKey]] | None, index: int
+) -> Any:
+    """What, beside its tokens, makes block `index` what it is: its extra keys and its
+    multimodal items (content hash and offset; the uuid only names the item). None when it
+    has neither, so such a block's key is the plain one."""
+    extra = extra_keys[index] if extra_keys is not None and index < len(extra_keys) else None
+    items = mm_keys[index] if mm_keys is not None and index < len(mm_keys) else None
+    if not items:
+        return None if extra is None else _frozen(extra)
+    return (_frozen(extra), tuple((item.hash, item.start_offset) for item in items))
 
 
 class Match(dict[Worker, int]):
@@ -112,6 +142,8 @@ class PrefixIndex:
             elif isinstance(event, AllBlocksCleared):
                 self._clear(view)
                 self._stale.discard(worker)
+            elif not isinstance(event, UnknownEvent):  # an unknown event changes nothing known
+                raise not_an_event("PrefixIndex.apply: event", event)
 
     def _store(self, view: _WorkerView, event: BlockStored) -> None:
         size = self.block_size
@@ -122,20 +154,20 @@ class PrefixIndex:
         parent = event.parent_block_hash
         key: int | None
         if parent is None:
-            key = root_key(event.lora_name)
+            key = root_key(event.lora_name, event.cache_salt)
         else:
             key = blocks.get(parent if tier is None else (tier, parent))
         tokens = event.token_ids
-        extra = event.extra_keys
+        extra, mm = event.extra_keys, event.mm_keys
         hashes = event.block_hashes
-        if key is not None and extra is None and len(tokens) >= len(hashes) * size:
+        if key is not None and extra is None and mm is None and len(tokens) >= len(hashes) * size:
             keys: list[int | None] = []  # the usual event: every block full, no extra keys
             chunks = tuple(tokens)  # slicing a tuple is cheaper than unpacking list slices
             for start in range(0, len(hashes) * size, size):
                 key = hash((key, chunks[start : start + size]))
                 keys.append(key)
         else:
-            keys = self._keys_slowly(key, tokens, extra, len(hashes))
+            keys = self._keys_slowly(key, tokens, extra, mm, len(hashes))
         extra_refs = view.extra_refs
         for block, key in zip(hashes, keys, strict=True):
             block_id: BlockId = block if tier is None else (tier, block)
@@ -153,9 +185,15 @@ class PrefixIndex:
                     holders[key] = mask | bit
 
     def _keys_slowly(
-        self, key: int | None, tokens: Sequence[int], extra: Sequence[Any] | None, count: int
+        self,
+        key: int | None,
+        tokens: Sequence[int | str],
+        extra: Sequence[Any] | None,
+        mm: Sequence[Sequence[MMKey]] | None,
+        count: int,
     ) -> list[int | None]:
-        """Keys of blocks with extra keys, short token lists, or no known parent."""
+        """Keys of blocks with extra or multimodal keys, short token lists, or no known
+        parent."""
         size = self.block_size
         keys: list[int | None] = []
         chunks = tuple(tokens)
@@ -164,10 +202,10 @@ class PrefixIndex:
             if key is None or len(chunk) != size:
                 key = None  # no parent known, or tokens missing: no query can reach it
                 self.orphans += 1
-            elif extra is not None and index < len(extra) and extra[index] is not None:
-                key = hash((key, chunk, _frozen(extra[index])))
-            else:
-                key = hash((key, chunk))
+                keys.append(key)
+                continue
+            identity = block_identity(extra, mm, index)
+            key = hash((key, chunk)) if identity is None else hash((key, chunk, identity))
             keys.append(key)
         return keys
 
@@ -230,25 +268,32 @@ class PrefixIndex:
 
     def match(
         self,
-        token_ids: Sequence[int],
+        token_ids: Sequence[int | str],
         *,
         lora_name: str | None = None,
         extra_keys: Sequence[Any] | None = None,
+        cache_salt: str | None = None,
+        mm_keys: Sequence[Sequence[MMKey]] | None = None,
     ) -> Match:
-        """For each worker, how many of the request's leading full blocks it holds."""
+        """For each worker, how many of the request's leading full blocks it holds. The
+        request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
+        must be given as its engine would see it, or its blocks are other blocks."""
+        if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
+            raise TypeError(
+                f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
+            )
         size = self.block_size
         holders = self._holders
         counts: dict[Worker, int] = {}
-        key = root_key(lora_name)
+        key = root_key(lora_name, cache_salt)
+        plain = extra_keys is None and mm_keys is None
         active = -1  # every worker, until the first block says otherwise
         depth = 0
         for depth in range(len(token_ids) // size):
             # Block by block: most queries stop after a few blocks, so the rest is never copied.
             chunk = tuple(token_ids[depth * size : (depth + 1) * size])
-            if extra_keys is not None and depth < len(extra_keys) and extra_keys[depth] is not None:
-                key = hash((key, chunk, _frozen(extra_keys[depth])))
-            else:
-                key = hash((key, chunk))
+            identity = None if plain else block_identity(extra_keys, mm_keys, depth)
+            key = hash((key, chunk)) if identity is None else hash((key, chunk, identity))
             held = active & holders.get(key, 0)
             if held != active and depth:  # some workers' prefixes end here
                 counts.update(dict.fromkeys(self._workers_of(active & ~held), depth))

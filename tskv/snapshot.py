@@ -14,10 +14,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from tskv.codec import WireFormat, decode_batch, encode_round
-from tskv.events import EVENT_TYPES, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tskv.events import (
+    EVENT_TYPES,
+    PER_BLOCK,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    replace,
+)
 
 PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
 
@@ -74,9 +81,10 @@ class CacheState:
                     pop = found.pop
                     for block in removed.block_hashes:
                         pop(block, None)
-            else:
+            elif kind is AllBlocksCleared:
                 tiers.clear()
                 untiered = None
+            # an UnknownEvent changes nothing tskv knows how to follow
 
     @property
     def blocks(self) -> int:
@@ -224,28 +232,21 @@ def _storers(events: Sequence[KVEvent], tier: Tier | None) -> dict[int, int]:
 
 
 def _slice(event: BlockStored, start: int, end: int) -> BlockStored:
-    """The part of `event` storing blocks start..end-1, with the fields that go with them."""
+    """The part of `event` storing blocks start..end-1: every other field kept, the per-block
+    ones (`PER_BLOCK`) cut with the blocks."""
     hashes = event.block_hashes
     if start == 0 and end == len(hashes):
         return event
     size = event.block_size
-    extra = event.extra_keys
-    if extra is not None and len(extra) == len(hashes):
-        extra = list(extra[start:end])
-    fields: dict[str, Any] = {
-        "lora_id": event.lora_id,
-        "medium": event.medium,
-        "lora_name": event.lora_name,
-        "extra_keys": extra,
-        "group_idx": event.group_idx,
-        "kv_cache_spec_kind": event.kv_cache_spec_kind,
-        "kv_cache_spec_sliding_window": event.kv_cache_spec_sliding_window,
-        "locality": event.locality,
-    }
-    return BlockStored(
-        list(hashes[start:end]),
-        event.parent_block_hash if start == 0 else hashes[start - 1],
-        list(event.token_ids[start * size : end * size]),
-        size,
-        **fields,
+    per_block: dict[str, list[object]] = {}
+    for name in PER_BLOCK:
+        values = getattr(event, name)
+        if values is not None and len(values) == len(hashes):
+            per_block[name] = list(values[start:end])
+    return replace(
+        event,
+        block_hashes=list(hashes[start:end]),
+        parent_block_hash=event.parent_block_hash if start == 0 else hashes[start - 1],
+        token_ids=list(event.token_ids[start * size : end * size]),
+        **per_block,
     )

@@ -10,7 +10,16 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal, TextIO
 
-from tskv.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, event_fields
+from tskv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    MMKey,
+    UnknownEvent,
+    event_fields,
+)
 from tskv.sequencer import Loss, LossReason
 from tskv.subscriber import Subscriber, open_subscriber, unreachable_reason
 
@@ -34,15 +43,20 @@ def _describe(event: KVEvent) -> str:
         text = f"+{len(event.block_hashes)}{_hash_range(event.block_hashes)}<{parent}"
     elif isinstance(event, BlockRemoved):
         text = f"-{len(event.block_hashes)}{_hash_range(event.block_hashes)}"
+    elif isinstance(event, UnknownEvent):
+        return f"?{event.type}{{{','.join(event.fields)}}}"
     else:
-        return "clear"
+        text = "clear"
     return text + _annotations(event)
 
 
-def _annotations(event: BlockStored | BlockRemoved) -> str:
+def _annotations(event: BlockStored | BlockRemoved | AllBlocksCleared) -> str:
     """The optional fields that are set, short: `@CPU` (tier), `g1` (group), `~LOCAL`,
-    `lora=NAME` (or the id), `sw=4096/KIND`, `+keys`."""
+    `lora=NAME` (or the id), `sw=4096/KIND`, `+keys`, `mm=N` (multimodal items),
+    `salt=S`, `session=S`, and `+NAME` for each unknown field."""
     marks = []
+    if isinstance(event, AllBlocksCleared):
+        return "".join(f" +{name}" for name in event.unknown_fields)
     if event.medium is not None:
         marks.append(f"@{event.medium}")
     if event.group_idx is not None:
@@ -61,12 +75,20 @@ def _annotations(event: BlockStored | BlockRemoved) -> str:
             )
         if event.extra_keys is not None:
             marks.append("+keys")
+        if event.mm_keys is not None:
+            marks.append(f"mm={sum(len(keys) for keys in event.mm_keys)}")
+        if event.cache_salt is not None:
+            marks.append(f"salt={event.cache_salt}")
+        if event.session_id is not None:
+            marks.append(f"session={event.session_id}")
+    marks.extend(f"+{name}" for name in event.unknown_fields)
     return "".join(f" {mark}" for mark in marks)
 
 
 def format_batch(seq: int, batch: KVEventBatch, max_events: int = 4) -> str:
     """`seq rank time counts: first events` — readable at a glance, greppable by seq."""
     counts = Counter(type(event).__name__ for event in batch.events)
+    unknown = f" unknown={counts['UnknownEvent']}" if counts["UnknownEvent"] else ""
     clock = time.strftime("%H:%M:%S", time.localtime(batch.ts)) + f".{int(batch.ts % 1 * 1000):03d}"
     rank = "-" if batch.attn_dp_rank is None else str(batch.attn_dp_rank)
     shown = " ".join(_describe(event) for event in batch.events[:max_events])
@@ -75,12 +97,24 @@ def format_batch(seq: int, batch: KVEventBatch, max_events: int = 4) -> str:
         shown += f" (+{more} more)"
     return (
         f"seq={seq} rank={rank} {clock} stored={counts['BlockStored']} "
-        f"removed={counts['BlockRemoved']} cleared={counts['AllBlocksCleared']}  {shown}"
+        f"removed={counts['BlockRemoved']} cleared={counts['AllBlocksCleared']}{unknown}  {shown}"
     )
 
 
 def _event_json(event: KVEvent) -> dict[str, Any]:
-    return {"type": type(event).__name__, **event_fields(event)}
+    if isinstance(event, UnknownEvent):
+        return {"type": event.type, "unknown_event": True, "fields": dict(event.fields)}
+    fields = event_fields(event)
+    if "mm_keys" in fields:
+        fields["mm_keys"] = [[_mm_key_json(key) for key in keys] for keys in fields["mm_keys"]]
+    return {"type": type(event).__name__, **fields}
+
+
+def _mm_key_json(key: MMKey) -> dict[str, Any]:
+    fields = {"hash": key.hash, "start_offset": key.start_offset}
+    if key.uuid is not None:
+        fields["uuid"] = key.uuid
+    return {**fields, **key.unknown_fields}
 
 
 def batch_json(seq: int, batch: KVEventBatch) -> str:
