@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import typing
 from types import MappingProxyType
 from typing import Any
@@ -240,6 +241,8 @@ async def test_a_live_engine_stream_is_read_whole_by_the_subscriber_and_listen(
                 got = [await anext_batch(sub) for _ in cases]
         assert got == [(seq, expected_batch(case)) for seq, case in enumerate(cases)]
         assert sub.statistics().undecodable == 0 and sub.statistics().lost == 0
+        unknown = [e for case in cases for e in case["events"] if e.get("unknown_event")]
+        assert sub.statistics().unknown_events == len(unknown)
         lines = [json.loads(line) for line in listened.getvalue().splitlines()]
         assert [line["events"] for line in lines] == [case["events"] for case in cases]
     finally:
@@ -254,3 +257,25 @@ async def tskv_listen(endpoint: str, out: io.StringIO, count: int) -> None:
 
 async def anext_batch(sub: tskv.Subscriber) -> tuple[int, KVEventBatch]:
     return await sub.__anext__()
+
+
+async def test_an_unknown_event_type_is_counted_each_time_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    [case] = [case for case in CASES if case["engine"] == "vllm-later"]
+    sock = zmq.Context.instance().socket(zmq.XPUB)
+    sock.bind(LOOPBACK)
+    pub = TrioSocket(sock)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tskv"), trio.fail_after(10):
+            async with tskv.open_subscriber(sock.getsockopt_string(zmq.LAST_ENDPOINT)) as sub:
+                await pub.receive()
+                for seq in range(3):
+                    await pub.send(live_message(b"", seq, engine_payload(case)))
+                batches = [await anext_batch(sub) for _ in range(3)]
+                assert sub.statistics().unknown_events == 3
+    finally:
+        pub.close()
+    assert all(isinstance(batch.events[1], UnknownEvent) for _, batch in batches)
+    named = [r.getMessage() for r in caplog.records if "'BlockTouched'" in r.getMessage()]
+    assert len(named) == 1 and "tskv.UnknownEvent" in named[0]

@@ -68,9 +68,26 @@ async def test_listen_repairs_a_gap_made_on_purpose_and_shows_it(
     assert tskv_scripted.replay_requests == [0]  # from the last batch delivered, to compare
 
 
+class WatchedOutput(io.StringIO):
+    """What listen printed, with a way to wait for a line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._written = trio.Event()
+
+    def write(self, text: str) -> int:
+        self._written.set()
+        return super().write(text)
+
+    async def wait_for(self, text: str) -> None:
+        while text not in self.getvalue():
+            self._written = trio.Event()
+            await self._written.wait()
+
+
 async def test_listen_from_snapshot_shows_the_whole_cache_then_goes_on_live() -> None:
     config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=5)
-    out = io.StringIO()
+    out = WatchedOutput()
     async with tskv.open_publisher(config) as publisher:
         for n in range(20):  # blocks 0..19, then 0..9 removed: 10 cached, 15 batches evicted
             events = [BlockStored([n], None, [n] * 4, 4)]
@@ -82,6 +99,9 @@ async def test_listen_from_snapshot_shows_the_whole_cache_then_goes_on_live() ->
             )
             with trio.fail_after(10):
                 await publisher.wait_for_subscriber()
+                # the snapshot first: published before its request is served, the next batch
+                # would be in it (the snapshot as of seq 20), and no third line would come
+                await out.wait_for("seq=19 ")
             await publisher.publish([BlockRemoved([19])])
     header, snapshot, live = out.getvalue().splitlines()
     assert header == "== snapshot: the publisher's whole cache after seq 19, 10 blocks"

@@ -14,6 +14,7 @@ from tskv.sequencer import (
     RequestReplay,
     RequestSnapshot,
     Sequencer,
+    Silence,
 )
 
 
@@ -278,6 +279,9 @@ def test_every_seq_is_delivered_once_or_reported_lost(
         serve(published)
     while requests:
         serve(requests[0][0])
+    run(s.quiet())  # the stream goes quiet: what it lost at its end is asked for
+    while requests:
+        serve(requests[0][0])
     assert len(s.pending) <= max_held
     seen: list[int] = []
     for item in out:
@@ -295,7 +299,8 @@ def test_every_seq_is_delivered_once_or_reported_lost(
     assert delivered_only == sorted(set(delivered_only))  # strictly increasing
     last_live = max(seq for seq in range(total) if seq not in dropped)
     assert seen == list(range(len(seen)))  # nothing missing, nothing twice
-    assert len(seen) > last_live  # replay may also deliver dropped batches after the last live
+    # with replay, even a loss at the very end is repaired or reported once the stream is quiet
+    assert len(seen) == total if has_replay else len(seen) > last_live
 
 
 @settings(max_examples=400)
@@ -326,15 +331,20 @@ def test_a_restart_is_detected_and_the_new_sequence_delivered_from_its_start(
 
     for seq in range(old):
         run(s.live(seq, f"old-{seq}".encode()))
-    for seq in range(first_heard, new):
-        if seq not in dropped or seq in (first_heard, new - 1):  # a loss at the very end
-            # is noticed only when something follows it (docs/consumer.md)
-            run(s.live(seq, f"new-{seq}".encode()))
+
+    def serve(published: int) -> None:
         while pending:  # replay answers at once from the successor's buffer
             request = pending.pop(0)
-            for replayed in range(request.start_seq, seq + 1):
+            for replayed in range(request.start_seq, published):
                 run(s.replayed(request.request_id, replayed, f"new-{replayed}".encode()))
             run(s.replay_ended(request.request_id))
+
+    for seq in range(first_heard, new):
+        if seq not in dropped or seq == first_heard:
+            run(s.live(seq, f"new-{seq}".encode()))
+        serve(seq + 1)
+    run(s.quiet())  # what the new sequence lost at its end is asked for once it is quiet
+    serve(new)
     restarts = [i for i, item in enumerate(out) if isinstance(item, Loss)]
     assert [out[i].reason for i in restarts] == [LossReason.RESTART]  # type: ignore[union-attr]
     before, after = out[: restarts[0]], out[restarts[0] + 1 :]
@@ -456,3 +466,116 @@ def test_a_snapshot_with_a_part_missing_is_not_delivered_and_the_hole_is_reporte
     s.snapshot_part(2, 9, 0, b"part0")
     s.snapshot_part(2, 9, 2, b"part2")  # part 1 never came
     assert s.replay_ended(2) == [Loss(1, 4, LossReason.UNDECODABLE), RequestReplay(5, 3)]
+
+
+def test_quiet_with_nothing_delivered_or_no_replay_asks_nothing() -> None:
+    assert Sequencer(has_replay=True).quiet() == []
+    s = Sequencer(has_replay=False)
+    s.live(0, p(0))
+    assert s.quiet() == []
+
+
+def test_a_quiet_stream_gets_back_what_it_lost_at_its_end() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(4):
+        s.live(seq, p(seq))
+    assert s.quiet() == [RequestReplay(3, 1, probe=True)]  # from the last batch, to compare
+    assert s.quiet() == []  # one probe at a time
+    assert s.replayed(1, 3, p(3)) == []  # the same stream
+    assert delivered(s.replayed(1, 4, p(4)) + s.replayed(1, 5, p(5))) == [4, 5]
+    assert s.replay_ended(1) == []
+
+
+def test_a_publisher_restarted_and_quiet_behind_our_seq_is_a_restart() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(100):
+        s.live(seq, p(seq))
+    [probe] = s.quiet()
+    assert s.replay_ended(probe.request_id) == [  # nothing at or after seq 99: a new sequence
+        Loss(100, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, probe.request_id + 1),
+    ]
+    out = [a for seq in range(5) for a in s.replayed(probe.request_id + 1, seq, b"new")]
+    assert delivered(out) == [0, 1, 2, 3, 4]
+    assert s.replay_ended(probe.request_id + 1) == []  # the old sequence's length is forgotten
+    assert delivered(s.live(5, b"new")) == [5]
+
+
+def test_a_publisher_restarted_and_quiet_past_our_seq_is_a_restart() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(4):
+        s.live(seq, p(seq))
+    [probe] = s.quiet()
+    assert s.replayed(probe.request_id, 3, b"another stream's 3") == [
+        Loss(4, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, probe.request_id + 1),
+    ]
+
+
+def test_after_a_snapshot_a_probe_checks_the_publisher_still_holds_its_seq() -> None:
+    s = Sequencer(has_replay=True, start_seq="snapshot")
+    [ask] = s.start()
+    s.snapshot_part(ask.request_id, 10, 0, b"part")
+    assert isinstance(s.replay_ended(ask.request_id)[0], DeliverSnapshot)
+    [probe] = s.quiet()
+    assert probe == RequestReplay(9, ask.request_id + 1, probe=True)
+    assert s.replayed(probe.request_id, 9, b"whatever it was") == []  # held: the same stream
+    assert s.replay_ended(probe.request_id) == []
+
+
+def test_a_probe_unanswered_means_silence_until_the_publisher_is_heard() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(4):
+        s.live(seq, p(seq))
+    [probe] = s.quiet()
+    assert s.replay_failed(probe.request_id) == [Silence(True, 3)]
+    assert s.silent
+    [probe] = s.quiet()
+    assert s.replay_failed(probe.request_id) == []  # said once
+    assert s.live(4, p(4)) == [Silence(False, 3), Deliver(4, p(4), False)]
+    assert not s.silent
+
+
+def test_a_silent_publisher_heard_again_on_replay_answers() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    s.replay_failed(s.quiet()[0].request_id)
+    [probe] = s.quiet()
+    assert s.replayed(probe.request_id, 0, p(0)) == [Silence(False, 0)]
+
+
+def test_a_refused_probe_proves_the_publisher_there() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    [probe] = s.quiet()
+    assert s.replay_failed(probe.request_id, LossReason.REFUSED) == []
+    assert not s.silent and s.quiet() != []
+
+
+def test_what_the_full_hold_let_go_is_reported_when_replay_fails() -> None:
+    s = Sequencer(has_replay=True, max_held=2)
+    s.live(0, p(0))
+    [ask] = s.live(2, p(2))
+    for seq in (3, 4, 5):  # 4 and 5 are let go: the hold is full
+        s.live(seq, p(seq))
+    assert s.replay_failed(ask.request_id) == [
+        Loss(1, 1, LossReason.REPLAY_TIMEOUT),
+        Deliver(2, p(2), False),
+        Deliver(3, p(3), False),
+        Loss(4, 5, LossReason.REPLAY_TIMEOUT),  # right away, not when a later batch comes
+    ]
+    assert delivered(s.live(6, p(6))) == [6]
+
+
+def test_what_the_full_hold_let_go_is_reported_when_replay_has_it_no_more() -> None:
+    s = Sequencer(has_replay=True, snapshots=False, max_held=2)
+    s.live(0, p(0))
+    [ask] = s.live(2, p(2))
+    for seq in (3, 4, 5):
+        s.live(seq, p(seq))
+    s.replayed(ask.request_id, 0, p(0))
+    assert delivered(s.replayed(ask.request_id, 1, p(1))) == [1, 2, 3]
+    [again] = s.replay_ended(ask.request_id)  # progress: ask for what was let go
+    assert again == RequestReplay(3, ask.request_id + 1)
+    s.replayed(again.request_id, 3, p(3))
+    assert s.replay_ended(again.request_id) == [Loss(4, 5, LossReason.EVICTED)]

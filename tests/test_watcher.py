@@ -118,3 +118,31 @@ async def test_one_workers_failure_does_not_stop_the_others(tmp_path: object) ->
         assert index.stale == {"broken"}
         watcher.remove("broken")
         assert index.stale == frozenset()
+
+
+async def test_a_worker_whose_publisher_goes_silent_is_stale_until_it_answers(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    """The publisher stops answering (replay silent, as a process that is gone): the worker
+    is marked stale and best() passes it over; when it answers again with nothing lost, it is
+    trusted again."""
+    index = tskv.PrefixIndex(2)
+    async with tskv.open_watcher(index, quiet_interval=0.2) as watcher:
+        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
+        watcher.add("other", tskv_scripted.endpoint)  # the same stream, never probed
+        with trio.fail_after(10):
+            await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send([AllBlocksCleared(), BlockStored([1], None, [1, 1], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 0)
+        assert not index.match([1, 1]).stale
+        tskv_scripted.replay_mode = "never"
+        with trio.fail_after(10):
+            await watcher.wait_for_silence("w")
+        result = index.match([1, 1])
+        assert result.stale == {"w"} and result.best() == ("other", 1)
+        assert watcher.status("w").losses == 0 and watcher.status("w").silent
+        tskv_scripted.replay_mode = "answer"
+        with trio.fail_after(10):
+            await watcher.wait_for_silence("w", silent=False)
+        assert not index.match([1, 1]).stale

@@ -408,6 +408,7 @@ def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]] | UnknownEvent:
         if not isinstance(tag, str):
             raise WireError(f"event {index}: a map event needs a string 'type', got {_show(tag)}")
         if tag not in _NAMES:
+            SEEN.unknown_events += 1
             return UnknownEvent(tag, _read_only({k: v for k, v in raw.items() if k != "type"}))
         required, optional = _NAMES[tag]
         missing = [name for name in required if name not in raw and name != "parent_block_hash"]
@@ -426,6 +427,7 @@ def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]] | UnknownEvent:
         if not isinstance(tag, str):
             raise WireError(f"event {index}: an array event starts with its type, got {_show(tag)}")
         if tag not in _NAMES:
+            SEEN.unknown_events += 1
             return UnknownEvent(tag, _read_only({str(i): v for i, v in enumerate(raw) if i}))
         required = _NAMES[tag][0]
         if len(raw) - 1 < len(required):
@@ -440,6 +442,16 @@ def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]] | UnknownEvent:
             fields["unknown_fields"] = _read_only(extra)
         return tag, fields
     raise WireError(f"event {index}: must be a tagged array or map, got {_show(raw)}")
+
+
+class _Seen:
+    """What the general decoding path has met, for the subscriber to notice cheaply: it reads
+    the count before and after decoding a batch, instead of walking every batch's events."""
+
+    unknown_events = 0
+
+
+SEEN = _Seen()
 
 
 def _read_only(fields: dict[str, Any]) -> Mapping[str, Any]:

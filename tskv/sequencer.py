@@ -11,6 +11,13 @@ goes back (the usual case), or, when its seq is already past ours, the batch rep
 our last delivered seq differs from the one we delivered. Every repair therefore asks replay
 to start one seq early, at the last batch delivered, and compares.
 
+A quiet stream hides nothing: when no live batch has come for a while, the subscriber calls
+`quiet()`, which asks replay for what followed the last batch delivered (starting at that
+batch, to compare). Batches the live stream lost at its very end come back that way; a reply
+with nothing at or after our last batch means the publisher's sequence is behind ours, so it
+restarted; no reply at all means the publisher is silent (`Silence`), which a router must know
+before it trusts that worker's view.
+
 What replay can no longer give (the publisher's buffer has moved on) is repaired from a
 snapshot when the publisher serves them: the state as of some seq, delivered as one batch that
 clears and restores the cache, with the batches it replaces reported as such. A publisher
@@ -80,6 +87,7 @@ class DeliverSnapshot(NamedTuple):
 class RequestReplay:
     start_seq: int
     request_id: int
+    probe: bool = False  # asked because the stream went quiet: a refusal proves it alive
 
 
 @attrs.frozen
@@ -87,7 +95,16 @@ class RequestSnapshot:
     request_id: int
 
 
-Action = Deliver | DeliverSnapshot | Loss | RequestReplay | RequestSnapshot
+@attrs.frozen
+class Silence:
+    """The publisher stopped answering (`silent`: its replay endpoint did not answer a probe of
+    a quiet stream), or answers again. Nothing is known lost; what it holds is unknown."""
+
+    silent: bool
+    last_seq: int | None  # the last seq delivered before (or after) the silence
+
+
+Action = Deliver | DeliverSnapshot | Loss | RequestReplay | RequestSnapshot | Silence
 
 
 class Sequencer:
@@ -116,7 +133,8 @@ class Sequencer:
         self._expected_at_request: int | None = None
         self._last_payload: bytes | None = None  # what was delivered at expected - 1
         self._verifying = False  # the current request started at expected - 1, to compare
-        self._overflowed = False  # live batches were let go while the hold was full
+        self._probing = False  # the current request asks a quiet publisher what it has
+        self.silent = False  # a probe went unanswered, and nothing has been heard since
         self.snapshotting = False  # the current request is for a snapshot
         self._parts: list[bytes] = []  # the snapshot's parts received so far
         self._snapshot_next = 0  # the seq the snapshot's state is before
@@ -134,15 +152,40 @@ class Sequencer:
             )
         return [self._request_snapshot() if self._bootstrapping else self._request()]
 
-    def _request(self) -> RequestReplay:
+    def _request(self, probe: bool = False) -> RequestReplay:
         assert self.expected is not None
         self.request_id += 1
         self.repairing = True
+        self._probing = probe
         self._expected_at_request = self.expected
-        self._verifying = self._last_payload is not None and self.expected > 0
+        # A probe starts at the last batch even unseen (after a snapshot): the publisher still
+        # holds its newest batch, so a reply without it means a sequence behind ours.
+        self._verifying = self.expected > 0 and (probe or self._last_payload is not None)
         self.snapshotting = False
         start = self.expected - 1 if self._verifying else self.expected
-        return RequestReplay(start, self.request_id)
+        return RequestReplay(start, self.request_id, probe)
+
+    def _behind(self) -> bool:
+        """Live batches were heard past what was delivered and are not held: let go while the
+        hold was full, so known to exist and still to fetch (or report)."""
+        return (
+            self.last_live is not None
+            and self.expected is not None
+            and (self.expected <= self.last_live and self.last_live not in self.pending)
+        )
+
+    def _heard(self, actions: list[Action]) -> None:
+        """The publisher answered (live or on replay): a silence it was in is over."""
+        self.silent = False
+        actions.append(Silence(False, None if self.expected is None else self.expected - 1))
+
+    def quiet(self) -> list[Action]:
+        """No live batch has come for the quiet interval: ask replay what followed the last
+        batch delivered, unless a request is under way already (it asks the same). Returns the
+        probe to send, or nothing (no replay endpoint, nothing delivered yet)."""
+        if not self.has_replay or self.expected is None or self.repairing:
+            return []
+        return [self._request(probe=True)]
 
     def _request_snapshot(self, resumes_at: int | None = None) -> RequestSnapshot:
         self._resumes_at = resumes_at
@@ -185,11 +228,13 @@ class Sequencer:
 
     def live(self, seq: int, payload: bytes) -> list[Action]:
         actions: list[Action] = []
+        if self.silent:
+            self._heard(actions)
         if self.last_live is not None and seq <= self.last_live:
-            return self._restart(seq, payload)
+            return actions + self._restart(seq, payload)
         self.last_live = seq
         if self.expected is None:
-            return [self._deliver(seq, payload, False)]
+            return [*actions, self._deliver(seq, payload, False)]
         if seq < self.expected:
             return actions  # before the requested start, or already delivered from replay
         if seq == self.expected and not self.snapshotting:
@@ -197,17 +242,16 @@ class Sequencer:
             self._drain_pending(actions)
             return actions
         if seq - self.expected > self.max_gap and not self._bootstrapping:
-            return self._discontinuity(seq, payload)
+            return actions + self._discontinuity(seq, payload)
         if len(self.pending) >= self.max_held:
             # Holding more would let one stalled repair take unbounded memory. This batch is
-            # let go, not lost: it comes back from replay once the hold has drained.
-            self._overflowed = True
+            # let go, not lost: it is fetched from replay (or reported) when the repair ends.
             return actions
         self.pending[seq] = payload
         if self.repairing:
             return actions
         if self.has_replay:
-            return [self._request()]
+            return [*actions, self._request()]
         self._give_up_to_next_pending(LossReason.NO_REPLAY, actions)
         return actions
 
@@ -216,8 +260,7 @@ class Sequencer:
         while self.pending:
             self._give_up_to_next_pending(LossReason.INTERRUPTED, actions)
         self.repairing = False  # replies to an old request describe the old sequence
-        self._verifying = False
-        self._overflowed = False
+        self._verifying = self._probing = False
         self.snapshotting = self._bootstrapping = False
         self.request_id += 1
 
@@ -257,21 +300,23 @@ class Sequencer:
         actions: list[Action] = []
         if request_id != self.request_id or not self.repairing:
             return actions  # a reply to a request given up on
+        if self.silent:
+            self._heard(actions)
         assert self.expected is not None
         if seq > max(self.expected, self.last_live or 0) + self.max_gap:
             return actions  # no replay buffer reaches that far ahead of the live stream
         if self._verifying:
             self._verifying = False
             if seq == self.expected - 1:
-                if payload == self._last_payload:
-                    return actions  # the same stream: the repair goes on from here
-                return self._replaced()
+                if self._last_payload is None or payload == self._last_payload:
+                    return actions  # the same stream (as far as can be told): go on from here
+                return actions + self._replaced()
         if seq < self.expected:
             return actions
         if seq > self.expected and self.snapshots:
             # The buffer no longer holds what we miss: a snapshot stands in for it, and the
             # rest of this replay (answering a request now given up on) is ignored.
-            return [self._request_snapshot(resumes_at=seq)]
+            return [*actions, self._request_snapshot(resumes_at=seq)]
         self.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
         # Replay skipping ahead means the buffer lost what came before, but not what we hold.
         self._advance_to(seq, LossReason.EVICTED, actions)
@@ -287,7 +332,8 @@ class Sequencer:
         actions: list[Action] = [Loss(self.expected, None, LossReason.RESTART, new_seq=0)]
         self.expected = 0
         self._last_payload = None
-        self._overflowed = False
+        # what was heard live of the old sequence says nothing of the new one's length
+        self.last_live = max(self.pending, default=None)
         actions.append(self._request())
         return actions
 
@@ -296,6 +342,7 @@ class Sequencer:
     ) -> list[Action]:
         """One part of the snapshot asked for; it is delivered whole when the end comes."""
         if request_id == self.request_id and self.snapshotting:
+            self.silent = False  # a part is an answer; the end marker reports it
             if index != len(self._parts) or (self._parts and next_seq != self._snapshot_next):
                 self._parts_broken = True  # a part missing or from another snapshot
             self._snapshot_next = next_seq
@@ -317,6 +364,7 @@ class Sequencer:
         parts, self._parts = self._parts, []
         if after < self.expected and not bootstrap:  # older than what we have: a new sequence
             actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=after))
+            self.last_live = max((seq for seq in self.pending if seq >= after), default=None)
         if after > 0 and (after != self.expected or bootstrap):
             replaced = None if bootstrap or after < self.expected else self.expected
             actions.append(DeliverSnapshot(after - 1, parts, replaced))
@@ -325,8 +373,7 @@ class Sequencer:
         for seq in [seq for seq in self.pending if seq < after]:
             del self.pending[seq]
         self._drain_pending(actions)
-        if self.pending or self._overflowed:
-            self._overflowed = False
+        if self.pending or self._behind():
             actions.append(self._request())  # what was published since the snapshot's seq
         return actions
 
@@ -339,24 +386,27 @@ class Sequencer:
             self._advance_to(self._resumes_at, reason, actions)
             return [*actions, self._request()]
         self._give_up_to_next_pending(reason, actions)
-        if self.pending or self._overflowed:
-            self._overflowed = False
+        if self.pending or self._behind():
             actions.append(self._request())
         return actions
 
     def replay_ended(self, request_id: int) -> list[Action]:
+        """The end marker of the current request: ask again while progress is made, else
+        restore from a snapshot or report the holes. For a probe that got nothing at all (not
+        even our last batch), the publisher's sequence is behind ours: a restart."""
         actions: list[Action] = []
         if request_id != self.request_id or not self.repairing:
             return actions
+        if self.silent:
+            self._heard(actions)
         if self.snapshotting:
-            return self._snapshot_ended()
-        self.repairing = False
-        self._verifying = False
+            return actions + self._snapshot_ended()
+        probe, answered_nothing = self._probing, self._verifying
+        self.repairing = self._verifying = self._probing = False
         assert self.expected is not None
-        if not self.pending:
-            if self._overflowed:  # what was let go while the hold was full: ask for it now
-                self._overflowed = False
-                actions.append(self._request())
+        if probe and answered_nothing:
+            return actions + self._replaced()
+        if not self.pending and not self._behind():
             return actions
         if self.expected != self._expected_at_request:
             # Progress was made, but batches published after the request are still missing:
@@ -364,17 +414,27 @@ class Sequencer:
             actions.append(self._request())
             return actions
         if self.snapshots:
-            return [self._request_snapshot()]  # what the buffer lost, a snapshot restores
+            return [*actions, self._request_snapshot()]  # what the buffer lost, a snapshot restores
         self._give_up_to_next_pending(LossReason.EVICTED, actions)
-        if self.pending or self._overflowed:
-            self._overflowed = False
+        if self.pending:
             actions.append(self._request())  # a further hole, after the one just given up
+        elif self._behind():
+            self._give_up_tail(LossReason.EVICTED, actions)
         return actions
+
+    def _give_up_tail(self, reason: LossReason, actions: list[Action]) -> None:
+        """Report what was heard live but let go of (the hold was full) and replay did not
+        give: from `expected` up to the last live batch."""
+        assert self.expected is not None and self.last_live is not None
+        actions.append(Loss(self.expected, self.last_live, reason))
+        self.expected = self.last_live + 1
+        self._last_payload = None
 
     def replay_failed(
         self, request_id: int, reason: LossReason = LossReason.REPLAY_TIMEOUT
     ) -> list[Action]:
-        """The replay endpoint did not serve the request: what it should have filled is lost."""
+        """The replay endpoint did not serve the request: what it should have filled is lost
+        (a probe's refusal proves the publisher alive; its silence is reported)."""
         actions: list[Action] = []
         if request_id != self.request_id or not self.repairing:
             return actions
@@ -382,9 +442,20 @@ class Sequencer:
             self.repairing = self.snapshotting = False
             bootstrap, self._bootstrapping = self._bootstrapping, False
             return self._snapshot_failed(reason, bootstrap)
-        self.repairing = False
-        self._verifying = False
-        self._overflowed = False  # those batches are behind the hole just reported, too
+        probe = self._probing
+        self.repairing = self._verifying = self._probing = False
+        if probe and reason is LossReason.REFUSED:  # busy, not gone: repair what is missing
+            if self.silent:
+                self._heard(actions)
+            if self.pending or self._behind():
+                actions.append(self._request())
+            return actions
+        if probe and reason is LossReason.REPLAY_TIMEOUT and not self.silent:
+            self.silent = True
+            assert self.expected is not None
+            actions.append(Silence(True, self.expected - 1))
         while self.pending:
             self._give_up_to_next_pending(reason, actions)
+        if self._behind():
+            self._give_up_tail(reason, actions)
         return actions

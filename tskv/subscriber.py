@@ -27,9 +27,9 @@ from tskv._constructor import NoPublicConstructor
 from tskv._monitor import SocketMonitor
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, attach
-from tskv.codec import WireError, decode_batch
+from tskv.codec import SEEN, WireError, decode_batch
 from tskv.endpoints import check_endpoint
-from tskv.events import KVEvent, KVEventBatch
+from tskv.events import KVEvent, KVEventBatch, UnknownEvent
 from tskv.security import ClientSecurity
 from tskv.sequencer import (
     MAX_HELD,
@@ -41,12 +41,14 @@ from tskv.sequencer import (
     RequestReplay,
     RequestSnapshot,
     Sequencer,
+    Silence,
 )
 
 logger = logging.getLogger("tskv")
 
 INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
 LIVE_BURST = 64  # live messages taken off the socket in one go
+MAX_TYPES_LOGGED = 64  # unknown event types named in the log; a peer could invent any number
 REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
 SERVER_HINT = (
     "check that curve_server_key is this publisher's public key and that the publisher "
@@ -65,11 +67,15 @@ class SubscriberStatistics:
     losses: int  # loss reports, restarts included
     restarts: int
     undecodable: int
+    unknown_events: int  # events of a type tskv does not know, delivered as UnknownEvent
     replay_requests: int
     replay_refusals: int  # requests the publisher refused (its limits) and this side retried
     held: int  # live batches held right now while a gap is repaired (at most max_held)
     handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
     handshake_failures: int  # connections whose handshake failed: wrong keys, clear text
+    probes: int  # replay requests made because the stream was quiet (in `replay_requests`)
+    silences: int  # times the publisher stopped answering a probe (it answers again: `silent`)
+    silent: bool  # the publisher is silent right now: its view is not to be trusted
 
 
 @attrs.frozen
@@ -102,7 +108,12 @@ class _BadFrames:
     error: str
 
 
-_Inbound = _Live | _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames
+@attrs.frozen
+class _Quiet:
+    """No live message for the quiet interval."""
+
+
+_Inbound = _Live | _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames | _Quiet
 Request = RequestReplay | RequestSnapshot
 
 
@@ -135,6 +146,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         endpoint: str,
         monitors: list[SocketMonitor],
         replay: _ReplayClient | None,
+        on_silence: Callable[[bool], object] | None = None,
     ) -> None:
         self.endpoint = endpoint  # as really bound, when the subscriber binds
         self._monitors = monitors
@@ -143,7 +155,8 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._inbox = inbox
         self._requests = requests
         self._on_loss = on_loss
-        self._ready: deque[Deliver | DeliverSnapshot | Loss] = deque()
+        self._on_silence = on_silence
+        self._ready: deque[Deliver | DeliverSnapshot | Loss | Silence] = deque()
         self._bad_log = LogLimiter(interval=1.0)
         self._received = 0
         self._delivered = 0
@@ -154,7 +167,11 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._losses = 0
         self._restarts = 0
         self._undecodable = 0
+        self._unknown_events = 0
+        self._unknown_types: set[str] = set()
         self._replay_requests = 0
+        self._probes = 0
+        self._silences = 0
         self._pacer = Pacer()
 
     def statistics(self) -> SubscriberStatistics:
@@ -168,11 +185,15 @@ class Subscriber(metaclass=NoPublicConstructor):
             losses=self._losses,
             restarts=self._restarts,
             undecodable=self._undecodable,
+            unknown_events=self._unknown_events,
             replay_requests=self._replay_requests,
             replay_refusals=0 if self._replay is None else self._replay.refusals,
             held=len(self._sequencer.pending),
             handshakes=sum(monitor.handshakes for monitor in self._monitors),
             handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
+            probes=self._probes,
+            silences=self._silences,
+            silent=self._sequencer.silent,
         )
 
     def __aiter__(self) -> Subscriber:
@@ -189,6 +210,9 @@ class Subscriber(metaclass=NoPublicConstructor):
                 if isinstance(item, Loss):
                     self._report(item)
                     continue
+                if isinstance(item, Silence):
+                    self._report_silence(item)
+                    continue
                 if isinstance(item, DeliverSnapshot):
                     snapshot = self._snapshot_batch(item)
                     if snapshot is None:
@@ -196,6 +220,7 @@ class Subscriber(metaclass=NoPublicConstructor):
                     return item.seq, snapshot
                 # Decoded only now, one at a time: a burst decoded ahead would keep thousands
                 # of lists alive for the garbage collector to walk again and again.
+                unknown = SEEN.unknown_events
                 try:
                     batch = decode_batch(item.payload)
                 except WireError as exc:
@@ -203,6 +228,8 @@ class Subscriber(metaclass=NoPublicConstructor):
                     self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
                     self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
                     continue
+                if SEEN.unknown_events != unknown:
+                    self._note_unknown(item.seq, batch)
                 self._delivered += 1
                 self._repaired += item.from_replay
                 if self._pacer.due():
@@ -218,6 +245,27 @@ class Subscriber(metaclass=NoPublicConstructor):
                     self._apply(self._take_live(message))
             else:
                 self._apply(self._feed(inbound))
+
+    def _note_unknown(self, seq: int, batch: KVEventBatch) -> None:
+        """Count a batch's unknown events, and name each new type once in the log."""
+        for event in batch.events:
+            if not isinstance(event, UnknownEvent):
+                continue
+            self._unknown_events += 1
+            if event.type in self._unknown_types or len(self._unknown_types) > MAX_TYPES_LOGGED:
+                continue
+            self._unknown_types.add(event.type)
+            if len(self._unknown_types) > MAX_TYPES_LOGGED:
+                logger.warning(
+                    "more than %d unknown event types: no more are named", MAX_TYPES_LOGGED
+                )
+                continue
+            logger.warning(
+                "batch %d has an event of a type tskv does not know, %r: delivered as "
+                "tskv.UnknownEvent with its fields, and counted (logged once per type)",
+                seq,
+                event.type,
+            )
 
     def _snapshot_batch(self, item: DeliverSnapshot) -> KVEventBatch | None:
         """The snapshot's parts as one batch (it clears, then stores every cached block), after
@@ -248,7 +296,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         return self._sequencer.live(seq, payload)
 
     def _feed(
-        self, inbound: _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames
+        self, inbound: _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames | _Quiet
     ) -> list[Action]:
         if isinstance(inbound, _SnapshotPart):
             part = inbound.part
@@ -263,17 +311,34 @@ class Subscriber(metaclass=NoPublicConstructor):
             )
         if isinstance(inbound, _ReplayFailed):
             return self._sequencer.replay_failed(inbound.request_id, inbound.reason)
+        if isinstance(inbound, _Quiet):
+            return self._sequencer.quiet()
         self._undecodable += 1
         self._bad_log.warning("ignoring a message that is not a KV event batch: %s", inbound.error)
         return []
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, (Deliver, DeliverSnapshot, Loss)):
+            if isinstance(action, (Deliver, DeliverSnapshot, Loss, Silence)):
                 self._ready.append(action)
             else:
                 self._replay_requests += 1
-                self._requests.send_nowait(action)  # unbounded: at most one per gap
+                self._probes += isinstance(action, RequestReplay) and action.probe
+                self._requests.send_nowait(action)  # unbounded: at most one per gap or quiet
+
+    def _report_silence(self, silence: Silence) -> None:
+        if silence.silent:
+            self._silences += 1
+            logger.warning(
+                "the publisher on %s did not answer a probe of its quiet stream after seq %s: "
+                "it may be gone (its view is not to be trusted until it answers again)",
+                self.endpoint,
+                silence.last_seq,
+            )
+        else:
+            logger.warning("the publisher on %s answers again", self.endpoint)
+        if self._on_silence is not None:
+            self._on_silence(silence.silent)
 
     def _report(self, loss: Loss) -> None:
         self._losses += 1
@@ -288,8 +353,17 @@ class Subscriber(metaclass=NoPublicConstructor):
             self._on_loss(loss)
 
 
+@attrs.define
+class _LastHeard:
+    """When the live reader last took a message off the socket (Trio's clock)."""
+
+    at: float
+
+
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
-async def _read_live(sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound]) -> None:
+async def _read_live(
+    sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound], heard: _LastHeard
+) -> None:
     """Move live messages from the socket to the inbox, every one waiting at once together.
     Sending to the inbox is a checkpoint; a wake-up that finds nothing makes its own, so the
     loop never spins without yielding."""
@@ -297,9 +371,24 @@ async def _read_live(sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound]) -
         await sub.wait(zmq.POLLIN)
         messages = sub.receive_waiting(LIVE_BURST)
         if messages:
+            heard.at = trio.current_time()
             await inbox.send(_Live(messages))
         else:  # EVENTS said a message was there and none was: never spin without yielding
             await trio.lowlevel.checkpoint()
+
+
+@trio.lowlevel.enable_ki_protection
+async def _probe_when_quiet(
+    heard: _LastHeard, interval: float, inbox: trio.MemorySendChannel[_Inbound]
+) -> None:
+    """Say when the live stream has been quiet for `interval`, and again each interval it stays
+    so: the sequencer then asks replay what it missed. A busy stream costs one clock read per
+    burst (in the reader) and a wake-up per interval here."""
+    while True:
+        await trio.sleep_until(heard.at + interval)
+        if trio.current_time() >= heard.at + interval:
+            heard.at = trio.current_time()  # the next probe one interval after this one
+            await inbox.send(_Quiet())
 
 
 class _ReplayClient:
@@ -312,11 +401,13 @@ class _ReplayClient:
         timeout: float,
         inbox: trio.MemorySendChannel[_Inbound],
         security: ClientSecurity | None,
+        probe_timeout: float,
     ) -> None:
         self._security = security
         self._context = context
         self._endpoint = endpoint
         self._timeout = timeout
+        self._probe_timeout = probe_timeout
         self._inbox = inbox
         self.refusals = 0
         self._dealer = self._open()
@@ -347,16 +438,19 @@ class _ReplayClient:
         else:
             asking = frames.replay_request(request.start_seq)
         await self._dealer.send(asking)
+        probe = isinstance(request, RequestReplay) and request.probe
+        timeout = self._probe_timeout if probe else self._timeout
         backoff, longest = REFUSAL_BACKOFF
         refused_since: float | None = None
         while True:
             # Only the endpoint's silence counts against the timeout, not a slow consumer.
-            with trio.move_on_after(self._timeout) as waiting:
+            with trio.move_on_after(timeout) as waiting:
                 message = await self._dealer.receive()
             if waiting.cancelled_caught:
-                logger.warning(
-                    "replay endpoint %s sent nothing for %.1f s", self._endpoint, self._timeout
-                )
+                if not probe:  # a silent probe is reported as the publisher's silence
+                    logger.warning(
+                        "replay endpoint %s sent nothing for %.1f s", self._endpoint, timeout
+                    )
                 self._replace_dealer()
                 await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REPLAY_TIMEOUT))
                 return
@@ -374,8 +468,12 @@ class _ReplayClient:
                     return
                 continue
             # Refused for now (the publisher's rate or concurrency limit): not "nothing
-            # buffered". Ask again, later and later, until the timeout says give up.
+            # buffered". Ask again, later and later, until the timeout says give up; a refused
+            # probe has learned what it asked (the publisher is there), and ends.
             self.refusals += 1
+            if probe:
+                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REFUSED))
+                return
             now = trio.current_time()
             refused_since = now if refused_since is None else refused_since
             if now - refused_since + backoff > self._timeout:
@@ -441,6 +539,8 @@ async def open_subscriber(
     replay_timeout: float = 5.0,
     hwm: int = 100_000,
     max_held: int = MAX_HELD,
+    quiet_interval: float | None = 2.0,
+    on_silence: Callable[[bool], object] | None = None,
     warn_unanswered_after: float = 5.0,
     curve_server_key: str | None = None,
     curve_secret_key: str | None = None,
@@ -457,11 +557,16 @@ async def open_subscriber(
     to `on_loss` with reason SNAPSHOT just before that batch; a publisher that serves no
     snapshots leaves it reported as EVICTED.
     `max_held` bounds the live batches held while a gap is repaired (later ones are fetched
-    from replay once it drains). If no publisher has answered `warn_unanswered_after` seconds
-    after connecting, a warning says so (and why, when it can tell). For an encrypted
-    publisher, `curve_server_key` is its public certificate file and `curve_secret_key` this
-    subscriber's secret certificate file (without one, an ephemeral key pair is used, which a
-    publisher that allows any client accepts).
+    from replay once it drains, or reported lost when replay has them no more). With a replay
+    endpoint, a stream quiet for `quiet_interval` seconds (None: never) is probed: replay is
+    asked what followed the last batch delivered, so batches lost at the very end, and a
+    publisher that restarted and went quiet, are found out; a probe unanswered for as long again
+    means the publisher is silent, reported to `on_silence(True)` (and `on_silence(False)`
+    when it answers again) so a router stops trusting that worker. If no publisher has
+    answered `warn_unanswered_after` seconds after connecting, a warning says so (and why, when
+    it can tell). For an encrypted publisher, `curve_server_key` is its public certificate
+    file and `curve_secret_key` this subscriber's secret certificate file (without one, an
+    ephemeral key pair is used, which a publisher that allows any client accepts).
     """
     check_endpoint(endpoint)
     if replay_endpoint is not None:
@@ -470,6 +575,8 @@ async def open_subscriber(
         int_at_least("start_seq", start_seq, 0)
     number_at_least("replay_timeout", replay_timeout, 0, above=True)
     int_at_least("max_held", max_held, 1)
+    if quiet_interval is not None:
+        number_at_least("quiet_interval", quiet_interval, 0, above=True)
     number_at_least("warn_unanswered_after", warn_unanswered_after, 0, above=True)
     if curve_secret_key is not None and curve_server_key is None:
         raise ValueError("curve_secret_key needs curve_server_key (the publisher's public key)")
@@ -503,18 +610,24 @@ async def open_subscriber(
     replay: _ReplayClient | None = None
     try:
         if replay_endpoint is not None:
-            replay = _ReplayClient(context, replay_endpoint, replay_timeout, inbox_send, security)
+            probe_timeout = min(replay_timeout, quiet_interval or replay_timeout)
+            replay = _ReplayClient(
+                context, replay_endpoint, replay_timeout, inbox_send, security, probe_timeout
+            )
         subscriber = Subscriber._create(
-            sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay
+            sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay, on_silence
         )
+        heard = _LastHeard(trio.current_time())
         subscriber._apply(first_actions)
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
             if not binds:
                 nursery.start_soon(_warn_if_unanswered, endpoint, monitor, warn_unanswered_after)
-            nursery.start_soon(_read_live, sub, inbox_send)
+            nursery.start_soon(_read_live, sub, inbox_send, heard)
             if replay is not None:
                 nursery.start_soon(replay.run, requests_receive)
+                if quiet_interval is not None:
+                    nursery.start_soon(_probe_when_quiet, heard, quiet_interval, inbox_send)
             yield subscriber
     finally:
         monitor.close()

@@ -2,11 +2,12 @@
 
 One task per worker runs an `open_subscriber` (bootstrapping from the worker's snapshot when it
 has a replay endpoint) and applies every batch to the shared index. The index is told, per
-worker, when its view stops being complete (a loss was reported) and when it is complete again
-(a snapshot or a cache reset was applied, or the stream was followed from its seq 0), so a
-router can see which answers not to trust. A worker's failure (its endpoint unreachable, its
-subscriber raising) is logged, marks it stale, and is retried with a backoff; it never stops
-the other workers. Workers come and go while it runs.
+worker, when its view stops being complete (a loss was reported, or the worker went silent: its
+quiet stream's probe went unanswered) and when it is complete again (a snapshot or a cache
+reset was applied, the stream was followed from its seq 0, or a silent worker answered with
+nothing lost), so a router can see which answers not to trust. A worker's failure (its
+endpoint unreachable, its subscriber raising) is logged, marks it stale, and is retried with a
+backoff; it never stops the other workers. Workers come and go while it runs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class WorkerStatus:
     failures: int = 0  # times its subscriber failed and was started again
     last_error: str | None = None
     last_seq: int | None = None
+    silent: bool = False  # its publisher did not answer a probe of its quiet stream
 
 
 @attrs.define
@@ -50,6 +52,7 @@ class _Watched:
     scope: trio.CancelScope
     options: dict[str, Any]
     from_start: bool = True  # the next delivery may be seq 0 of a whole stream
+    stale_for_silence: bool = False  # stale only because the publisher went silent
 
 
 class Watcher:
@@ -62,10 +65,10 @@ class Watcher:
         on_loss: Callable[[Worker, Loss], object] | None,
         subscriber_options: dict[str, Any],
     ) -> None:
-        if "on_loss" in subscriber_options or "start_seq" in subscriber_options:
+        if {"on_loss", "start_seq", "on_silence"} & subscriber_options.keys():
             raise TypeError(
-                "the watcher sets on_loss and start_seq itself; pass on_loss=f(worker, loss) "
-                "to open_watcher instead"
+                "the watcher sets on_loss, on_silence and start_seq itself; pass "
+                "on_loss=f(worker, loss) to open_watcher instead"
             )
         self.index = index
         self._nursery = nursery
@@ -121,6 +124,11 @@ class Watcher:
         while self._watched[worker].status.losses < count:
             await self._changed.park()
 
+    async def wait_for_silence(self, worker: Worker, silent: bool = True) -> None:
+        """Wait until `worker`'s publisher is silent (or, with `silent=False`, answers)."""
+        while self._watched[worker].status.silent != silent:
+            await self._changed.park()
+
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
     async def _follow(self, worker: Worker, watched: _Watched) -> None:
         status = watched.status
@@ -160,13 +168,27 @@ class Watcher:
             if loss.reason is LossReason.RESTART:
                 self.index.clear_worker(worker)  # a restarted engine's cache starts empty
                 watched.from_start = True
+            watched.stale_for_silence = False  # only a repair makes this view whole again
             self.index.mark_stale(worker)
+
+        def on_silence(silent: bool) -> None:
+            status.silent = silent
+            self._changed.unpark_all()
+            if worker not in self._watched:
+                return
+            if silent and worker not in self.index.stale:
+                watched.stale_for_silence = True
+                self.index.mark_stale(worker)  # it may be gone: route nothing on its word
+            elif not silent and watched.stale_for_silence:
+                watched.stale_for_silence = False
+                self.index.mark_current(worker)  # it answers, and nothing was lost meanwhile
 
         async with open_subscriber(
             status.endpoint,
             status.replay_endpoint,
             start_seq=start,
             on_loss=on_loss,
+            on_silence=on_silence,
             **watched.options,
         ) as sub:
             async for seq, batch in sub:

@@ -30,8 +30,9 @@ class BlockIndex:
                 self.blocks.update(event.block_hashes)
             elif isinstance(event, tskv.BlockRemoved):
                 self.blocks.difference_update(event.block_hashes)
-            else:
+            elif isinstance(event, tskv.AllBlocksCleared):
                 self.blocks.clear()
+            # a tskv.UnknownEvent (a newer engine's event type) changes nothing known
 
     async def follow(self, endpoint, replay_endpoint, count, replay_timeout=5.0):
         """Apply `count` batches from the stream, then return."""
