@@ -206,3 +206,12 @@ async def test_a_publisher_that_never_answers_is_reported(
                 while "no publisher has answered" not in caplog.text:  # noqa: ASYNC110
                     await trio.sleep(0.05)  # a log line is all there is to wait for
     assert f"no publisher has answered on {free} for 0.2 s" in caplog.text
+
+
+def test_json_shows_unknown_fields_of_any_msgpack_type() -> None:
+    from tskv._cli.listen import batch_json
+
+    odd = {"digest": b"\x01\x02", "nested": {"keys": [1, "a"]}}
+    batch = KVEventBatch(1.0, [BlockRemoved([1], unknown_fields=odd)], 0)
+    [event] = json.loads(batch_json(3, batch))["events"]
+    assert event["unknown_fields"] == {"digest": "0102", "nested": {"keys": [1, "a"]}}

@@ -124,8 +124,18 @@ def batch_json(seq: int, batch: KVEventBatch) -> str:
             "ts": batch.ts,
             "attn_dp_rank": batch.attn_dp_rank,
             "events": [_event_json(event) for event in batch.events],
-        }
+        },
+        default=_json_value,
     )
+
+
+def _json_value(value: object) -> object:
+    """What JSON has no type for, as an engine may send it: bytes as hex, the rest as repr."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, MMKey):
+        return _mm_key_json(value)
+    return repr(value)
 
 
 def format_loss(loss: Loss) -> str:
