@@ -18,7 +18,7 @@ def _load() -> ModuleType | None:
     if wanted and wanted not in CHOICES:
         raise ImportError(
             f"TSKV_CODEC={wanted!r} is not available here; choose one of {list(CHOICES)} "
-            "(install tskv[fast] for msgspec)"
+            "(pip install 'tskv-trio[fast]' for msgspec)"
         )
     if wanted == "msgpack":
         return None
@@ -27,7 +27,7 @@ def _load() -> ModuleType | None:
     except ImportError:
         if wanted == "msgspec":
             raise ImportError(
-                "TSKV_CODEC='msgspec' but msgspec is not installed; pip install 'tskv[fast]'"
+                "TSKV_CODEC='msgspec' but msgspec is not installed; pip install 'tskv-trio[fast]'"
             ) from None
         return None
     return msgspec

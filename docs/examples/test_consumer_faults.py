@@ -1,6 +1,6 @@
 """Testing a KV event consumer against every fault, with tskv's pytest fixtures.
 
-Needs: pip install tskv pytest pytest-trio  (the `_sync` fixtures need only pytest)
+Needs: pip install tskv-trio pytest pytest-trio  (the `_sync` fixtures need only pytest)
 """
 
 import functools
