@@ -1,15 +1,36 @@
 """Sessions: tests, lint, typecheck, bench. Each installs what it needs into its own venv."""
 
+from pathlib import Path
+
 import nox
+
+TOKENSPEED = "tokenspeed==0.1.1"  # the peer the drop-in is compared with (tests/test_dropin.py)
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 
 
+def tokenspeed_wheel(session: nox.Session) -> dict[str, str]:
+    """TokenSpeed's wheel, without its dependencies (only its kv_events.py is loaded, which
+    needs pydantic beside msgspec and pyzmq): the environment that names it for the tests, or
+    none where it cannot be had (the drop-in tests then skip, saying so)."""
+    folder = Path(session.create_tmp()) / "peers"
+    try:
+        session.run(
+            "python", "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder), TOKENSPEED
+        )
+        session.install("pydantic")
+    except nox.command.CommandFailed:
+        session.log(f"{TOKENSPEED} cannot be had here: the drop-in comparison is skipped")
+        return {}
+    wheels = sorted(folder.glob("tokenspeed-*.whl"))
+    return {"TSKV_TOKENSPEED_WHEEL": str(wheels[-1])} if wheels else {}
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *session.posargs, env=tokenspeed_wheel(session))
     if not session.posargs:  # and the events, codec and subscriber as a machine without msgspec
         without = [
             "tests/test_events.py",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -54,6 +55,7 @@ def every_key_changed(tmp_path: Path) -> KVEventsConfig:
         "replay_client_timeout": 2.5,
         "shutdown_timeout": 0.75,
         "snapshots": False,
+        "bind": True,  # LOOPBACK has a wildcard port: it binds either way
     }
     missing = sorted(tskv.config.field_names() - set(values))
     assert not missing, f"give these new keys a non-default value here: {missing}"
@@ -186,3 +188,54 @@ async def test_the_clear_text_control_does_receive_so_the_look_above_can_fail(
     config = attrs.evolve(every_key_changed(tmp_path), curve_secret_key=None, curve_clients=None)
     async with trio_path(config) as built:
         assert await rounds_a_plain_subscriber_saw(built, 500) < 500
+
+
+def free_loopback_port() -> int:
+    """A loopback port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda path: path.__name__)
+async def test_bind_true_binds_a_fixed_loopback_port_on_every_path(path: Any) -> None:
+    """TokenSpeed's rule connects `tcp://127.0.0.1:PORT`; `bind: true` binds it, on every
+    path, so a subscriber connecting there receives."""
+    endpoint = f"tcp://127.0.0.1:{free_loopback_port()}"
+    config = KVEventsConfig(
+        publisher="zmq", enable_kv_cache_events=True, endpoint=endpoint, bind=True
+    )
+    async with path(config) as built:
+        assert built.endpoint == endpoint
+        assert await rounds_a_plain_subscriber_saw(built, 500) < 500
+
+
+async def test_without_bind_a_fixed_loopback_endpoint_connects_as_tokenspeeds_rule_says() -> None:
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        port = sub.bind_to_random_port("tcp://127.0.0.1")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}")
+        assert config.bind is None and not config.binds(config.endpoint)
+        async with trio_path(config) as built:
+            for n in range(500):
+                await built.publish([tskv.BlockRemoved([n])])
+                if sub.poll(20):
+                    break
+            assert sub.poll(0)  # the publisher connected out to the SUB that bound
+    finally:
+        sub.close(linger=0)
+
+
+def test_bind_must_be_true_false_or_null() -> None:
+    with pytest.raises(tskv.ConfigError, match="bind = 'yes': use true"):
+        KVEventsConfig(bind="yes")  # type: ignore[arg-type]
+    assert KVEventsConfig.from_json('{"bind": false}').bind is False
+
+
+async def test_the_testing_stream_stays_on_this_machine_whatever_config_says() -> None:
+    config = KVEventsConfig(endpoint="tcp://*:5557", replay_endpoint="tcp://0.0.0.0:5558")
+    async with open_simulated_stream(rounds=2, config=config) as stream:
+        assert stream.endpoint.startswith("tcp://127.0.0.1:")
+        assert (stream.replay_endpoint or "").startswith("tcp://127.0.0.1:")

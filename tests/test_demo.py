@@ -54,7 +54,7 @@ async def test_simulate_feeds_a_consumer_that_joins_from_seq_0() -> None:
                         break
         nursery.cancel_scope.cancel()
     assert seqs == list(range(30))
-    assert "rank 0: publishing on tcp://127.0.0.1:" in out.getvalue()
+    assert "rank 0: publishing bound to tcp://127.0.0.1:" in out.getvalue()
 
 
 def test_simulate_ends_cleanly_on_ctrl_c() -> None:
@@ -66,7 +66,7 @@ def test_simulate_ends_cleanly_on_ctrl_c() -> None:
     )
     assert process.stdout is not None
     with killed_after(30, process):
-        assert process.stdout.readline().startswith("rank 0: publishing on tcp://127.0.0.1:")
+        assert process.stdout.readline().startswith("rank 0: publishing bound to tcp://127.0.0.1:")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err

@@ -174,7 +174,7 @@ def test_multimodal_items_and_string_tokens_are_part_of_a_blocks_identity() -> N
 
 def test_what_is_not_an_event_or_a_token_list_is_refused_naming_it() -> None:
     index = PrefixIndex(BS)
-    with pytest.raises(TypeError, match="42 is not a BlockStored"):
+    with pytest.raises(TypeError, match="42 is not a tskv BlockStored"):
         index.apply("w", [42])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="token_ids = None must be a sequence"):
         index.match(None)  # type: ignore[arg-type]

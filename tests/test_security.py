@@ -385,7 +385,7 @@ def test_keys_generate_then_an_encrypted_simulate_and_listen_pair(tmp_path: Path
         assert simulate.stdout is not None
         with killed_after(30, simulate):
             first = simulate.stdout.readline().split()
-        endpoint, replay = first[4].rstrip(","), first[-1]  # "rank 0: publishing on E, replay on R"
+        endpoint, replay = first[5].rstrip(","), first[-1]  # "rank 0: publishing bound to E, ..."
         listen = subprocess.Popen(
             tskv_cmd(
                 "listen", endpoint, "--replay", replay, "--from-seq", "0",

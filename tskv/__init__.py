@@ -20,10 +20,15 @@ from tskv.publisher import (
     PublisherStatistics,
     open_publisher,
 )
-from tskv.scheduler import drain_scheduler_kv_events, scheduler_kv_event_to_wire_event
+from tskv.scheduler import (
+    drain_scheduler_kv_events,
+    foreign_event_to_wire_event,
+    scheduler_kv_event_to_wire_event,
+)
 from tskv.sequencer import Loss, LossReason
 from tskv.subscriber import Subscriber, SubscriberStatistics, open_subscriber
 from tskv.threaded import (
+    EventPublisher,
     EventPublisherFactory,
     NullEventPublisher,
     PublisherFailedError,
@@ -37,6 +42,7 @@ __all__ = [
     "BlockStored",
     "ConfigError",
     "EndpointError",
+    "EventPublisher",
     "EventPublisherFactory",
     "KVEvent",
     "KVEventBatch",
@@ -63,6 +69,7 @@ __all__ = [
     "decode_batch",
     "drain_scheduler_kv_events",
     "encode_batch",
+    "foreign_event_to_wire_event",
     "offset_endpoint_port",
     "open_publisher",
     "open_subscriber",

@@ -134,6 +134,11 @@ def bound_endpoint(sock: zmq.Socket[bytes]) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class AttachError(OSError, zmq.ZMQError):  # type: ignore[misc]  # strerror: str | None vs str
+    """A socket that cannot bind or connect. An OSError, as it always was here, and a
+    zmq.ZMQError, which is what TokenSpeed's callers catch around its constructor."""
+
+
 def attach(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
     """Bind or connect `sock` to `endpoint` and return the address really used."""
     if "[" in endpoint or "::" in endpoint:
@@ -145,7 +150,7 @@ def attach(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
             sock.connect(endpoint)
     except zmq.ZMQError as exc:
         action = "bind" if bind else "connect"
-        raise OSError(exc.errno, f"cannot {action} {endpoint!r}: {exc.strerror}") from None
+        raise AttachError(exc.errno, f"cannot {action} {endpoint!r}: {exc.strerror}") from exc
     return bound_endpoint(sock) if bind else endpoint
 
 

@@ -5,6 +5,7 @@ Pure: it checks values and reads no files. Key files are read where sockets are 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from typing import Any
@@ -13,7 +14,7 @@ import attrs
 
 from tskv._checks import int_at_least, number_at_least
 from tskv.codec import WIRE_FORMATS, WireFormat
-from tskv.endpoints import check_endpoint
+from tskv.endpoints import check_endpoint, should_bind
 
 logger = logging.getLogger("tskv")
 
@@ -24,9 +25,21 @@ class ConfigError(ValueError):
     """A config value tskv cannot use; the message names the key."""
 
 
+PUBLISHER_NAMES = {"null", "zmq"}  # EventPublisherFactory.register_publisher adds to these
+
+
 def _check_publisher(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value not in (None, "null", "zmq"):
-        raise ConfigError(f'publisher = {value!r}: use "zmq", "null" or null')
+    if value is not None and value not in PUBLISHER_NAMES:
+        names = " or ".join(f'"{name}"' for name in sorted(PUBLISHER_NAMES))
+        raise ConfigError(f"publisher = {value!r}: use {names}, or null for the default")
+
+
+def _check_bind(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(
+            f"bind = {value!r}: use true (bind the endpoint), false (connect to it), or null "
+            "(bind only a wildcard, ipc or inproc endpoint, as TokenSpeed does)"
+        )
 
 
 def _check_endpoint(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -104,6 +117,9 @@ class KVEventsConfig:
     replay_client_timeout: float = attrs.field(default=5.0, validator=_number(0, above=True))
     shutdown_timeout: float = attrs.field(default=1.0, validator=_number(0))
     snapshots: bool = attrs.field(default=True, validator=_of_type(bool))  # served on replay
+    # None: TokenSpeed's rule (bind a wildcard, ipc or inproc endpoint, connect otherwise), so
+    # `tcp://127.0.0.1:5557` connects; true binds it, false connects whatever it looks like.
+    bind: bool | None = attrs.field(default=None, validator=_check_bind)
 
     def __attrs_post_init__(self) -> None:
         if self.curve_secret_key is None:
@@ -128,6 +144,16 @@ class KVEventsConfig:
         publisher not "null" (unset means "zmq")."""
         return self.enable_kv_cache_events and self.publisher != "null"
 
+    def binds(self, endpoint: str) -> bool:
+        """Whether the publisher binds `endpoint` (its own, or its replay endpoint's rule is
+        always to bind): `bind` when set, else TokenSpeed's rule."""
+        return should_bind(endpoint) if self.bind is None else self.bind
+
+    @classmethod
+    def from_cli(cls, cli_value: str) -> KVEventsConfig:
+        """TokenSpeed's name for `from_json`: parse the `--kv-events-config` value."""
+        return cls.from_json(cli_value)
+
     @classmethod
     def from_json(cls, text: str) -> KVEventsConfig:
         """Parse a `--kv-events-config` string. Unknown keys are kept out but logged."""
@@ -144,9 +170,10 @@ class KVEventsConfig:
         """Build from keys and values; keys tskv does not use are logged and left out."""
         known = field_names()
         unknown = sorted(set(data) - known)
-        if unknown:
+        if unknown:  # TokenSpeed's config ignores unknown keys too: warn, and say what was meant
             logger.warning(
-                "kv events config: ignoring keys tskv does not use: %s", ", ".join(unknown)
+                "kv events config: ignoring keys tskv does not use: %s",
+                ", ".join(f"{key}{did_you_mean(key, known)}" for key in unknown),
             )
         return cls(**{key: value for key, value in data.items() if key in known})
 
@@ -156,3 +183,9 @@ class KVEventsConfig:
 
 def field_names() -> frozenset[str]:
     return frozenset(field.name for field in attrs.fields(KVEventsConfig))
+
+
+def did_you_mean(name: str, choices: frozenset[str] | set[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices`, or "" when none is close."""
+    close = difflib.get_close_matches(name, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

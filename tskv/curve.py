@@ -65,7 +65,8 @@ def warn_if_exposed(addresses: Iterable[str], buffer_steps: int) -> bool:
         "KV events are published WITHOUT encryption on %s: anyone who can reach %s can read "
         "the token ids of every prompt and ask for a replay of the last %d batches. Turn CURVE "
         "on (curve_secret_key, and curve_clients or curve_allow_any_client; see "
-        "docs/security.md), or bind to 127.0.0.1.",
+        "docs/security.md), or publish on loopback only: endpoint tcp://127.0.0.1:PORT with "
+        "bind: true (or tcp://127.0.0.1:* for a port the OS picks).",
         ", ".join(exposed),
         "it" if len(exposed) == 1 else "them",
         buffer_steps,

@@ -36,6 +36,19 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+def tcp_host(endpoint: str) -> str | None:
+    """The host of a tcp endpoint, brackets removed (`[::1]` -> `::1`); None for ipc/inproc."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    return endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
+
+
+def on_this_machine(endpoint: str) -> bool:
+    """Whether `endpoint` is reachable only from this machine: ipc, inproc or loopback tcp."""
+    host = tcp_host(endpoint)
+    return host is None or host in ("localhost", "::1") or host.startswith("127.")
+
+
 def should_bind(endpoint: str) -> bool:
     """Whether the publisher binds `endpoint` (a wildcard or local transport) or connects to it."""
     return (

@@ -285,8 +285,10 @@ class KVEventBatch:
 def not_an_event(where: str, value: object) -> TypeError:
     """The error for a foreign object where a KV event belongs, naming the fix."""
     return TypeError(
-        f"{where} = {value!r} is not a BlockStored, BlockRemoved or AllBlocksCleared; translate "
-        "scheduler objects with tskv.scheduler_kv_event_to_wire_event"
+        f"{where} = {value!r:.120} is not a tskv BlockStored, BlockRemoved or AllBlocksCleared; "
+        "translate a scheduler's own objects (with a `kind`) with "
+        "tskv.scheduler_kv_event_to_wire_event, and TokenSpeed's event Structs with "
+        "tskv.foreign_event_to_wire_event (tskv.ZmqEventPublisher takes those as they are)"
     )
 
 

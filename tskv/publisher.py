@@ -33,7 +33,7 @@ from tskv._zap import ZapHandler
 from tskv.codec import DroppedFields, codec_name, encode_round
 from tskv.config import KVEventsConfig
 from tskv.curve import warn_if_exposed
-from tskv.endpoints import offset_endpoint_port, should_bind
+from tskv.endpoints import offset_endpoint_port
 from tskv.events import KVEvent
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer
@@ -58,8 +58,9 @@ CURVE_HINT = (
 CLEAR_HINT = "this publisher speaks clear text: a subscriber given curve_server_key cannot connect"
 
 
-class PublisherClosedError(trio.ClosedResourceError):
-    """publish() after the publisher's `async with` block was left."""
+class PublisherClosedError(trio.ClosedResourceError, RuntimeError):
+    """publish() after the publisher's `async with` block was left (or after shutdown()). A
+    RuntimeError too, as TokenSpeed's publisher raises."""
 
 
 @attrs.frozen
@@ -499,7 +500,7 @@ async def open_publisher(
             context,
             zmq.XPUB,
             endpoint,
-            should_bind(endpoint),
+            config.binds(endpoint),
             config.hwm,
             security,
             MAX_SUBSCRIPTION_BYTES,

@@ -1,4 +1,5 @@
-"""Translation from a scheduler's native KV events (objects with a `kind`) to wire events."""
+"""Translation to tskv's events: from a scheduler's native KV events (objects with a `kind`),
+and from another publisher's event objects (TokenSpeed's Structs: tagged, same field names)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from tskv.events import (
     BlockRemoved,
     BlockStored,
     KVEvent,
+    KVEventBatch,
+    UnknownEvent,
+    not_an_event,
 )
 
 _PER_INSTANCE = ("__dict__",)  # marks a class whose instances carry attributes of their own
@@ -77,3 +81,56 @@ def drain_scheduler_kv_events(scheduler: Any, enabled: bool) -> list[Any]:
             "scheduler binding that exposes it, or disable them (enable_kv_cache_events=false)"
         )
     return list(drain())
+
+
+_OURS = (BlockStored, BlockRemoved, AllBlocksCleared, UnknownEvent)
+
+
+def _tag(event: Any) -> object:
+    """A foreign event's type name: its msgspec tag (TokenSpeed's Structs are tagged with
+    their class name), else its class name."""
+    config = getattr(type(event), "__struct_config__", None)
+    tag = getattr(config, "tag", None)
+    return tag if isinstance(tag, str) else type(event).__name__
+
+
+def foreign_event_to_wire_event(event: Any, where: str = "event") -> KVEvent:
+    """An event object of another publisher's (TokenSpeed's `BlockStored`, ...) as tskv's:
+    by its tag, never by shape, its fields taken as they are (no token is walked)."""
+    if isinstance(event, _OURS):
+        return event
+    tag = _tag(event)
+    try:
+        if tag == "BlockStored":
+            return BlockStored(
+                event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+            )
+        if tag == "BlockRemoved":
+            return BlockRemoved(event.block_hashes)
+        if tag == "AllBlocksCleared":
+            return AllBlocksCleared()
+    except AttributeError as exc:
+        raise TypeError(
+            f"{where} = {event!r} is a {tag} without TokenSpeed's fields ({exc})"
+        ) from None
+    raise not_an_event(where, event)
+
+
+def foreign_batch(batch: Any) -> tuple[float, list[KVEvent], int | None]:
+    """A batch object of another publisher's (TokenSpeed's `KVEventBatch`: ts, events,
+    attn_dp_rank), as tskv's parts."""
+    if isinstance(batch, KVEventBatch):
+        return batch.ts, list(batch.events), batch.attn_dp_rank
+    try:
+        ts, events, rank = batch.ts, batch.events, getattr(batch, "attn_dp_rank", None)
+    except AttributeError:
+        raise TypeError(
+            f"publish() takes a KVEventBatch (tskv's or TokenSpeed's: ts, events, "
+            f"attn_dp_rank), got {batch!r:.80}"
+        ) from None
+    if isinstance(events, (str, bytes)) or not hasattr(events, "__iter__"):
+        raise TypeError(f"batch.events = {events!r:.60} must be a list of KV events")
+    converted = [
+        foreign_event_to_wire_event(event, f"events[{index}]") for index, event in enumerate(events)
+    ]
+    return ts, converted, rank

@@ -28,7 +28,7 @@ from tskv._monitor import SocketMonitor
 from tskv._ratelimit import LogLimiter
 from tskv._trio_zmq import TrioSocket, attach
 from tskv.codec import SEEN, WireError, decode_batch
-from tskv.endpoints import check_endpoint
+from tskv.endpoints import check_endpoint, tcp_host
 from tskv.events import KVEvent, KVEventBatch, UnknownEvent
 from tskv.security import ClientSecurity
 from tskv.sequencer import (
@@ -515,10 +515,8 @@ async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor, after: floa
 async def unreachable_reason(endpoint: str) -> str | None:
     """Why `endpoint` cannot be reached, when that can be told without connecting: a tcp
     host name that does not resolve."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
-    if host in ("*", "") or host.replace(".", "").isdigit() or ":" in host:
+    host = tcp_host(endpoint)
+    if host is None or host in ("*", "") or host.replace(".", "").isdigit() or ":" in host:
         return None
     try:
         await trio.socket.getaddrinfo(host, None)

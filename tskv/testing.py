@@ -30,7 +30,7 @@ from tskv._trio_thread import TrioThread
 from tskv._trio_zmq import TrioSocket, open_socket
 from tskv.codec import WireFormat, encode_batch
 from tskv.config import KVEventsConfig
-from tskv.endpoints import LOOPBACK
+from tskv.endpoints import LOOPBACK, on_this_machine
 from tskv.events import KVEvent, KVEventBatch
 from tskv.publisher import Publisher, open_publisher
 from tskv.sim import Simulator, Workload, run_round
@@ -268,10 +268,17 @@ async def open_simulated_stream(
     config: KVEventsConfig | None = None,
 ) -> AsyncIterator[SimulatedStream]:
     """A real publisher ready to play the seed's stream: on loopback with replay and a buffer
-    that holds the whole stream, or with exactly the settings of `config` if given (then
-    `topic` is ignored: the config has its own)."""
+    that holds the whole stream, or with the settings of `config` if given (then `topic` is
+    ignored: the config has its own). The stream stays on this machine whatever `config`
+    says: an endpoint on any other address (the default `tcp://*:5557`, `0.0.0.0`, a host's
+    address) is replaced by loopback on a port the OS picks."""
     batches, final = simulated_batches(seed, rounds, requests_per_round, block_size, cache_blocks)
-    if config is None:
+    if config is not None:
+        if not on_this_machine(config.endpoint):
+            config = attrs.evolve(config, endpoint=LOOPBACK)
+        if config.replay_endpoint is not None and not on_this_machine(config.replay_endpoint):
+            config = attrs.evolve(config, replay_endpoint=LOOPBACK)
+    else:
         config = KVEventsConfig(
             endpoint=LOOPBACK,
             replay_endpoint=LOOPBACK,

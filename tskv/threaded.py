@@ -1,20 +1,24 @@
 """Drop-in publishers for schedulers that are not Trio programs (TokenSpeed's API).
 
 `ZmqEventPublisher` runs `open_publisher` in a Trio loop on its own thread. `publish()` encodes
-in the caller's thread, takes one of `max_queue_size` slots (waiting while none is free, where
-TokenSpeed's and vLLM's raise `queue.Full`), and hands the payload over; a slot is given back
-when the publish task takes the batch off its queue. If the loop dies, every call raises at
+in the caller's thread, takes one of `max_queue_size` slots (waiting while none is free, as
+TokenSpeed's `Queue.put` does), and hands the payload over; a slot is given back when the
+publish task takes the batch off its queue. It takes TokenSpeed's own event and batch objects
+as well as tskv's, sends empty batches as TokenSpeed does, and, like TokenSpeed's, shuts down
+at interpreter exit so that what was queued is sent. If the loop dies, every call raises at
 once with the loop's own error as the cause.
 """
 
 from __future__ import annotations
 
+import abc
+import atexit
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import trio
@@ -22,8 +26,10 @@ import zmq
 
 from tskv._trio_thread import TrioThread
 from tskv.codec import DroppedFields, encode_batch
-from tskv.config import ConfigError, KVEventsConfig, field_names
+from tskv.config import PUBLISHER_NAMES, ConfigError, KVEventsConfig, did_you_mean, field_names
+from tskv.endpoints import offset_endpoint_port
 from tskv.events import KVEventBatch
+from tskv.frames import END_FRAME
 from tskv.publisher import (
     Publisher,
     PublisherClosedError,
@@ -31,6 +37,7 @@ from tskv.publisher import (
     Queued,
     open_publisher,
 )
+from tskv.scheduler import foreign_batch
 
 logger = logging.getLogger("tskv")
 _DEFAULTS = KVEventsConfig()  # TokenSpeed's positional defaults are the config's, defined once
@@ -41,25 +48,45 @@ class PublisherFailedError(PublisherClosedError):
     can no longer be published. Create a new publisher."""
 
 
-class NullEventPublisher:
+class EventPublisher(abc.ABC):
+    """TokenSpeed's publisher base class: one per data-parallel rank, `publish` and
+    `shutdown`. Register your own with `EventPublisherFactory.register_publisher`."""
+
+    def __init__(self, attn_dp_rank: int = 0) -> None:
+        self.attn_dp_rank = attn_dp_rank
+
+    @abc.abstractmethod
+    def publish(self, events: Any) -> None:
+        """Send one batch, in order."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Send what is queued and close."""
+
+
+class NullEventPublisher(EventPublisher):
     """Accepts batches and sends nothing: what an engine uses with KV events disabled."""
 
     def __init__(self, attn_dp_rank: int = 0, **_: Any) -> None:
-        self.attn_dp_rank = attn_dp_rank
+        super().__init__(attn_dp_rank)
 
-    def publish(self, batch: KVEventBatch) -> None:
+    def publish(self, events: Any) -> None:
         pass
 
     def shutdown(self) -> None:
         pass
 
 
-class ZmqEventPublisher:
+class ZmqEventPublisher(EventPublisher):
     """TokenSpeed's publisher interface, backed by the Trio publisher on a thread of its own.
 
     The positional arguments are TokenSpeed's; every other `KVEventsConfig` key (CURVE, replay
-    limits, timeouts) is accepted as a keyword, or pass a whole config to `from_config`.
+    limits, timeouts, `bind`) is accepted as a keyword, or pass a whole config to `from_config`.
     """
+
+    SHUTDOWN_TIMEOUT: ClassVar[float] = KVEventsConfig().shutdown_timeout  # TokenSpeed's 1.0
+    END_SEQ: ClassVar[bytes] = END_FRAME  # the replay end marker's seq frame
+    offset_endpoint_port = staticmethod(offset_endpoint_port)
 
     def __init__(
         self,
@@ -76,8 +103,9 @@ class ZmqEventPublisher:
     ) -> None:
         unknown = sorted(set(options) - field_names())
         if unknown:
+            named = ", ".join(f"{key}{did_you_mean(key, field_names())}" for key in unknown)
             raise ConfigError(
-                f"ZmqEventPublisher got unknown settings {', '.join(unknown)}; it takes the "
+                f"ZmqEventPublisher got unknown settings {named}; it takes the "
                 f"KVEventsConfig keys: {', '.join(sorted(field_names()))}"
             )
         options.setdefault("publisher", "zmq")
@@ -90,7 +118,7 @@ class ZmqEventPublisher:
             topic=topic,
             **options,
         )
-        self.attn_dp_rank = attn_dp_rank
+        super().__init__(attn_dp_rank)
         self._context = context
         self._slots = threading.Semaphore(max_queue_size)
         self._lock = threading.Lock()
@@ -103,6 +131,11 @@ class ZmqEventPublisher:
             self._open, f"tskv-publisher-{attn_dp_rank}", on_failure=self._loop_failed
         )
         self._publisher: Publisher = self._loop.value
+        # As TokenSpeed's does: a script that returns without shutdown() still sends its batches.
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        self.shutdown(raise_on_failure=False)
 
     @classmethod
     def from_config(
@@ -160,13 +193,31 @@ class ZmqEventPublisher:
             unsent_at_shutdown=stats.unsent_at_shutdown + unsent,
         )
 
-    def publish(self, batch: KVEventBatch) -> None:
-        """Send `batch` (its rank filled in if missing); waits while the queue is full."""
+    async def _wait_for_subscriber(self, count: int, seconds: float) -> bool:
+        with trio.move_on_after(seconds):
+            await self._publisher.wait_for_subscriber(count)
+            return True
+        return False
+
+    def wait_for_subscriber(self, timeout: float, count: int = 1) -> bool:
+        """Wait until `count` subscriptions for this topic have arrived, at most `timeout`
+        seconds; False if they did not. ZeroMQ drops what a PUB sends before a subscription
+        reaches it: scripts and tests wait here instead of sleeping."""
         self._check_usable()
-        if batch.attn_dp_rank is None:
-            batch = KVEventBatch(batch.ts, batch.events, self.attn_dp_rank)
-        if not batch.events:
-            return
+        return self._loop.run(self._wait_for_subscriber, count, timeout)
+
+    def publish(self, events: Any) -> None:
+        """Send one batch: tskv's `KVEventBatch` or TokenSpeed's (any object with `ts`,
+        `events` and `attn_dp_rank`, its events tskv's or TokenSpeed's). A missing rank is
+        filled in, on the caller's object when it can be changed, as TokenSpeed does; an empty
+        batch is sent too. Waits while the queue is full."""
+        self._check_usable()
+        ts, listed, rank = foreign_batch(events)
+        if rank is None:
+            rank = self.attn_dp_rank
+            if not isinstance(events, KVEventBatch):  # tskv's batch is frozen
+                events.attn_dp_rank = rank
+        batch = KVEventBatch(ts, listed, rank)
         config = self.config
         payload = encode_batch(
             batch, config.wire_format, strict=config.strict, dropped=self._dropped
@@ -203,19 +254,21 @@ class ZmqEventPublisher:
                 self._lost_in_handoff += len(payloads) - index
                 return
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, raise_on_failure: bool = True) -> None:
         """Send what is queued (within the shutdown timeout), close, and join the thread.
 
-        Raises PublisherFailedError if the loop had stopped on an error."""
+        Raises PublisherFailedError if the loop had stopped on an error. What could not be
+        sent in time is logged with its count (`statistics().unsent_at_shutdown`)."""
         with self._lock:
             first = not self._closed
             self._closed = True
         if first:
+            atexit.unregister(self._at_exit)
             # Handoffs scheduled before this run first: the loop runs its callbacks in order.
             wait = self.config.shutdown_timeout + 5.0
             if not self._loop.close(wait):
                 logger.error("tskv publisher thread did not stop within %.1f s", wait)
-        if self._loop.failure is not None:
+        if self._loop.failure is not None and raise_on_failure:
             raise PublisherFailedError(
                 f"the tskv publisher on {self.endpoint} had stopped: {self._loop.failure!r}"
             ) from self._loop.failure
@@ -224,9 +277,23 @@ class ZmqEventPublisher:
 class EventPublisherFactory:
     """Build the publisher a `--kv-events-config` asks for, as TokenSpeed's factory does."""
 
+    _registry: ClassVar[dict[str, Callable[..., EventPublisher]]] = {
+        "null": NullEventPublisher,
+        "zmq": ZmqEventPublisher,
+    }
+
+    @classmethod
+    def register_publisher(cls, name: str, ctor: Callable[..., EventPublisher]) -> None:
+        """Make `"publisher": name` build `ctor(attn_dp_rank=..., **the other keys)`."""
+        if name in cls._registry:
+            raise KeyError(f"publisher {name!r} is already registered; pick another name")
+        cls._registry[name] = ctor
+        PUBLISHER_NAMES.add(name)
+
     @staticmethod
     def _config(config_json: str | None) -> KVEventsConfig | None:
-        return None if config_json is None else KVEventsConfig.from_json(config_json)
+        # None or "" means no config at all, as TokenSpeed reads it: events off
+        return KVEventsConfig.from_json(config_json) if config_json else None
 
     @classmethod
     def is_enabled(cls, config_json: str | None) -> bool:
@@ -234,10 +301,14 @@ class EventPublisherFactory:
         return config is not None and config.enabled
 
     @classmethod
-    def create(
-        cls, config_json: str | None, attn_dp_rank: int = 0
-    ) -> ZmqEventPublisher | NullEventPublisher:
+    def create(cls, config_json: str | None, attn_dp_rank: int = 0) -> EventPublisher:
         config = cls._config(config_json)
         if config is None or not config.enabled:
             return NullEventPublisher(attn_dp_rank)
-        return ZmqEventPublisher.from_config(config, attn_dp_rank)
+        kind = config.publisher or "zmq"
+        if kind == "zmq":
+            return ZmqEventPublisher.from_config(config, attn_dp_rank)
+        options = config.to_mapping()
+        for key in ("publisher", "enable_kv_cache_events"):
+            options.pop(key)
+        return cls._registry[kind](attn_dp_rank=attn_dp_rank, **options)

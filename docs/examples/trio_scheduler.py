@@ -11,7 +11,8 @@ import tskv
 
 
 async def main(endpoint: str) -> None:
-    config = tskv.KVEventsConfig(endpoint=endpoint, replay_endpoint="tcp://127.0.0.1:*")
+    # bind=True: bind this loopback port (TokenSpeed's rule would connect an explicit host)
+    config = tskv.KVEventsConfig(endpoint=endpoint, replay_endpoint="tcp://127.0.0.1:*", bind=True)
     async with tskv.open_publisher(config) as publisher:
         print(publisher.endpoint, publisher.replay_endpoint, flush=True)
         await publisher.wait_for_subscriber()  # instead of a sleep for the slow joiner
@@ -26,4 +27,4 @@ async def main(endpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "tcp://*:5557")
+    trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "tcp://127.0.0.1:5557")

@@ -111,6 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--replay-endpoint", "--replay", type=endpoint, help="replay ROUTER endpoint"
     )
+    attach = simulate.add_mutually_exclusive_group()
+    attach.add_argument(
+        "--bind",
+        dest="bind",
+        action="store_const",
+        const=True,
+        help="bind the endpoint whatever it looks like (tcp://127.0.0.1:5557 binds that port)",
+    )
+    attach.add_argument(
+        "--connect",
+        dest="bind",
+        action="store_const",
+        const=False,
+        help="connect to the endpoint (to a consumer that binds); by default only a wildcard, "
+        "ipc or inproc endpoint binds, as TokenSpeed's rule has it",
+    )
     simulate.add_argument(
         "--curve-secret-key",
         metavar="FILE",

@@ -31,6 +31,7 @@ def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
         "curve_clients": args.curve_clients,
         "curve_allow_any_client": args.curve_allow_any_client or None,
         "wire_format": args.wire_format,
+        "bind": args.bind,
     }
     changes = {key: value for key, value in flags.items() if value is not None}
     if "curve_clients" in changes:
@@ -71,9 +72,10 @@ async def simulate(
             loop = SchedulerLoop(options, publishers)
             for rank, publisher in enumerate(publishers):
                 replay = publisher.replay_endpoint
+                how = "bound to" if config.binds(config.endpoint) else "connecting to"
                 print(
-                    f"rank {rank}: publishing on {publisher.endpoint}"
-                    + (f", replay on {replay}" if replay else ""),
+                    f"rank {rank}: publishing {how} {publisher.endpoint}"
+                    + (f", replay bound to {replay}" if replay else ""),
                     file=out,
                     flush=True,
                 )
