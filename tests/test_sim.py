@@ -126,3 +126,26 @@ def test_the_events_rebuild_the_cache_exactly(seed: int, cache: int, rounds: int
         view.apply(round_number, tuple(events))
         assert view.blocks == sim.cached_hashes()
         assert len(view.blocks) <= cache
+
+
+def test_a_workload_that_runs_for_hours_stays_bounded() -> None:
+    """`tskv simulate` runs until stopped: after 20,000 rounds everything the workload and the
+    simulator hold is within the same bounds as after a thousand (the conversations grew by
+    one a round before, and were sorted for every request)."""
+    from tskv.sim.simulator import MAX_CONVERSATIONS
+
+    sim, workload = Simulator(256, 16), Workload(0, 16)
+
+    def held() -> tuple[int, int, int, int]:
+        tokens = sum(len(history) for history in workload.conversations.values())
+        return len(workload.conversations), tokens, len(sim.cache.blocks), len(sim.waiting)
+
+    for _ in range(1_000):
+        run_round(sim, workload, 2)
+    early = held()
+    for _ in range(19_000):
+        run_round(sim, workload, 2)
+    late = held()
+    assert late[0] == early[0] == MAX_CONVERSATIONS
+    assert late[1] <= MAX_CONVERSATIONS * 2048 and late[2] <= 256
+    assert late[3] <= early[3] + 8  # requests do not pile up waiting

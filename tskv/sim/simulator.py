@@ -236,11 +236,16 @@ class Simulator:
         return frozenset(self.cache.blocks)
 
 
+MAX_CONVERSATIONS = 256  # conversations that may go on; the oldest is let go past this
+
+
 class Workload:
     """Seeded requests with shared prefixes: system prompts and conversations that go on.
 
     `sampling_seed_offset` changes every sampling seed without touching anything else drawn,
-    so two runs differ only in what is decoded.
+    so two runs differ only in what is decoded. At most `MAX_CONVERSATIONS` conversations are
+    kept (the oldest goes), so a workload that runs for hours holds bounded memory and draws a
+    conversation in bounded time.
     """
 
     def __init__(
@@ -274,7 +279,7 @@ class Workload:
         rid = f"req{self.count}"
         user = [self.rng.randrange(VOCAB) for _ in range(self.rng.randint(8, 40))]
         if self.conversations and self.rng.random() < 0.5:
-            conversation = self.rng.choice(sorted(self.conversations))
+            conversation = self.rng.choice(sorted(self.conversations))  # at most 256 to sort
             prompt = self.conversations[conversation] + user
         else:
             conversation = self.count
@@ -287,8 +292,22 @@ class Workload:
 
     def conversation_went_on(self, conversation: int, tokens: list[int]) -> None:
         """A turn finished: the next turn of this conversation starts from its tokens."""
-        if conversation >= 0:
-            self.conversations[conversation] = tokens[:2048]
+        if conversation < 0 or (
+            conversation not in self.conversations and self._let_go_of(conversation)
+        ):
+            return
+        self.conversations[conversation] = tokens[:2048]
+
+    def _let_go_of(self, conversation: int) -> bool:
+        """Make room for a new conversation by letting the oldest go; True if the new one is
+        itself older than all kept (then it is the one let go)."""
+        if len(self.conversations) < MAX_CONVERSATIONS:
+            return False
+        oldest = min(self.conversations)
+        if conversation < oldest:
+            return True
+        del self.conversations[oldest]
+        return False
 
 
 def run_round(sim: Simulator, workload: Workload, arrivals: int) -> list[KVEvent]:
