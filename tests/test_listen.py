@@ -183,7 +183,7 @@ def test_listen_problems_are_one_line_naming_the_fix_with_status_2(tmp_path: Pat
             "does not exist",
         ),
         (["tcp://127.0.0.1:1", "--curve-server-key", str(junk)], "is not a ZeroMQ certificate"),
-        ([long_ipc], "cannot connect"),
+        ([long_ipc], "is longer than 107 bytes"),
         (["tcp://127.0.0.1:1", "--replay-endpoint", "tcp://nohost.invalid:2"], "does not resolve"),
     ]
     for args, says in cases:

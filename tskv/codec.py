@@ -51,6 +51,10 @@ WireFormat = Literal["tokenspeed", "vllm"]
 WIRE_FORMATS: tuple[WireFormat, ...] = ("tokenspeed", "vllm")
 
 
+def unknown_wire(wire_format: object) -> ValueError:
+    return ValueError(f"wire_format = {wire_format!r}: use {' or '.join(map(repr, WIRE_FORMATS))}")
+
+
 class WireError(ValueError):
     """A payload that is not a KV event batch in any dialect tskv knows; says what was wrong."""
 
@@ -225,7 +229,10 @@ def plain_events(
         events = list(events)  # a generator, say: walked again to name a bad value
     if strict:
         check_events(events)
-    return _WIRES[wire_format](events, dropped or _UNATTRIBUTED)
+    wire = _WIRES.get(wire_format)
+    if wire is None:
+        raise unknown_wire(wire_format)
+    return wire(events, dropped or _UNATTRIBUTED)
 
 
 @attrs.frozen
@@ -335,8 +342,10 @@ def encode_round(
         check_events(events)
     if wire_format == "tokenspeed":
         plain = tokenspeed_events(events, dropped or _UNATTRIBUTED)
-    else:
+    elif wire_format == "vllm":
         plain = vllm_events(events)
+    else:
+        raise unknown_wire(wire_format)
     if not plain:
         return None
     try:

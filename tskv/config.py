@@ -1,6 +1,7 @@
 """`--kv-events-config`: the JSON TokenSpeed and vLLM users already write, checked by key.
 
-Pure: it checks values and reads no files. Key files are read where sockets are opened.
+It checks values, and that the key files it names are there (a missing one is found when the
+config is made, not when a socket opens); the files are read where sockets are opened.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 from typing import Any
 
 import attrs
@@ -75,8 +77,17 @@ def _check_wire_format(_: object, attribute: attrs.Attribute[Any], value: object
 
 
 def _optional_path(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return
+    if not isinstance(value, str):
         raise ConfigError(f"{attribute.name} = {value!r}: must be a file path (a string) or null")
+    if not os.path.exists(value):
+        fix = (
+            "make a directory holding the allowed subscribers' public keys (NAME.key)"
+            if attribute.name == "curve_clients"
+            else "create one with `tskv keys generate DIR`"
+        )
+        raise ConfigError(f"{attribute.name} = {value!r} does not exist; {fix}")
 
 
 def _of_type(kind: type) -> Validator:

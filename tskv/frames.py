@@ -102,6 +102,7 @@ class ReplayReply:
 
     seq: int
     payload: bytes
+    topic: bytes | None = None  # vLLM's layout carries the publisher's topic; TokenSpeed's not
 
     @property
     def is_end(self) -> bool:
@@ -131,10 +132,11 @@ def parse_replay_reply(frames: list[bytes]) -> ReplayReply | SnapshotPart:
         if len(frames[2]) != 8 or len(frames[3]) != 8:
             raise FrameError("snapshot part's next_seq and index frames must be 8 bytes")
         return SnapshotPart(_SEQ.unpack(frames[2])[0], _SEQ.unpack(frames[3])[0], bytes(frames[4]))
+    topic: bytes | None = None
     if len(frames) == 3 and frames[0] == b"":
         seq_frame, payload = frames[1], frames[2]
     elif len(frames) == 4 and frames[0] == b"":
-        seq_frame, payload = frames[2], frames[3]
+        topic, seq_frame, payload = bytes(frames[1]), frames[2], frames[3]
     else:
         raise FrameError(
             f"replay reply must be ['', seq, payload], ['', topic, seq, payload] or a "
@@ -142,4 +144,4 @@ def parse_replay_reply(frames: list[bytes]) -> ReplayReply | SnapshotPart:
         )
     if len(seq_frame) != 8:
         raise FrameError(f"replay seq frame must be 8 bytes, got {len(seq_frame)}")
-    return ReplayReply(_SEQ.unpack(seq_frame)[0], bytes(payload))
+    return ReplayReply(_SEQ.unpack(seq_frame)[0], bytes(payload), topic)

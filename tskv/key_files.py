@@ -26,6 +26,11 @@ class KeyPair:
 
 def _load(path: str | os.PathLike[str], need_secret: bool) -> tuple[bytes, bytes | None]:
     file = Path(path)
+    if file.is_dir():
+        raise KeyFileError(
+            f"key file {str(file)!r} is a directory; give the certificate file in it (NAME.key "
+            "or NAME.key_secret, as `tskv keys generate DIR` writes them)"
+        )
     if not file.is_file():
         raise KeyFileError(
             f"key file {str(file)!r} does not exist; create one with `tskv keys generate DIR`"
@@ -95,7 +100,9 @@ def generate_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, P
     public_path, secret_path = folder / f"{name}.key", folder / f"{name}.key_secret"
     for path in (public_path, secret_path):
         if path.exists():
-            raise KeyFileError(f"{str(path)!r} already exists; remove it or choose another name")
+            raise KeyFileError(
+                f"{str(path)!r} already exists; remove it, or choose another name with --name"
+            )
     public, secret = zmq.curve_keypair()
     header = f"#   tskv CURVE certificate for {name!r}, in ZeroMQ's certificate format\n"
     body = f'metadata\ncurve\n    public-key = "{public.decode()}"\n'

@@ -34,7 +34,7 @@ from tskv.codec import DroppedFields, codec_name, encode_round
 from tskv.config import KVEventsConfig
 from tskv.curve import warn_if_exposed
 from tskv.endpoints import offset_endpoint_port
-from tskv.events import KVEvent
+from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, UnknownEvent
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer
 from tskv.replay_server import Outcome, Received, ReplayServer
@@ -143,7 +143,7 @@ class Publisher(metaclass=NoPublicConstructor):
     def _encode(self, events: Iterable[KVEvent]) -> Queued | None:
         config = self.config
         if type(events) is not list and type(events) is not tuple:
-            events = list(events)  # a generator, say: the state needs the events too
+            events = _listed(events)  # a generator, say: the state needs the events too
         payload = encode_round(
             time.time(),
             events,
@@ -460,6 +460,20 @@ def _snapshot_maker(
     return make
 
 
+def _listed(events: Iterable[KVEvent]) -> list[KVEvent]:
+    if isinstance(events, (BlockStored, BlockRemoved, AllBlocksCleared, UnknownEvent)):
+        raise TypeError(
+            f"publish() takes one round's events as a list, got the single event {events!r:.80}; "
+            "pass [event]"
+        )
+    try:
+        return list(events)
+    except TypeError:
+        raise TypeError(
+            f"publish() takes one round's events as a list of KV events, got {events!r:.80}"
+        ) from None
+
+
 @asynccontextmanager
 async def open_publisher(
     config: KVEventsConfig,
@@ -474,6 +488,12 @@ async def open_publisher(
     the body returned, raised or was cancelled, then closes both sockets without lingering.
     `on_dequeue` is called in the publish task each time a batch leaves the queue.
     """
+    if not isinstance(config, KVEventsConfig):
+        raise TypeError(
+            f"config must be a tskv.KVEventsConfig, got {type(config).__name__} {config!r:.80}; "
+            "build one with KVEventsConfig(**mapping), KVEventsConfig.from_mapping(mapping) or "
+            "KVEventsConfig.from_json(text)"
+        )
     endpoint = offset_endpoint_port(config.endpoint, dp_rank)
     replay_endpoint = offset_endpoint_port(config.replay_endpoint, dp_rank)
     assert endpoint is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -402,7 +403,9 @@ class _ReplayClient:
         inbox: trio.MemorySendChannel[_Inbound],
         security: ClientSecurity | None,
         probe_timeout: float,
+        topic: bytes = b"",
     ) -> None:
+        self._topic = topic
         self._security = security
         self._context = context
         self._endpoint = endpoint
@@ -462,6 +465,9 @@ class _ReplayClient:
             if isinstance(reply, frames.SnapshotPart):
                 await self._inbox.send(_SnapshotPart(request.request_id, reply))
                 continue
+            unsubscribed = reply.topic is not None and not reply.topic.startswith(self._topic)
+            if unsubscribed and not reply.is_end:
+                continue  # a topic not subscribed to: filtered as the SUB socket filters
             if reply.refusal is None:
                 await self._inbox.send(_Replayed(request.request_id, reply))
                 if reply.is_end:
@@ -512,9 +518,28 @@ async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor, after: floa
     )
 
 
+IPC_PATH_LIMIT = 107  # bytes a Unix socket path may have (sun_path, less its final NUL)
+
+
+def ipc_problem(endpoint: str) -> str | None:
+    """Why an ipc endpoint's path can never be used: its folder is missing, or it is too long
+    for a Unix socket. ZeroMQ would otherwise retry it forever without a word."""
+    path = endpoint[len("ipc://") :]
+    if path.startswith("@"):  # Linux's abstract namespace: no file, no folder
+        return None
+    if len(path.encode()) > IPC_PATH_LIMIT:
+        return f"ipc path {path!r} is longer than {IPC_PATH_LIMIT} bytes; use a shorter path"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"folder {folder!r} of ipc path {path!r} does not exist; create it first"
+    return None
+
+
 async def unreachable_reason(endpoint: str) -> str | None:
     """Why `endpoint` cannot be reached, when that can be told without connecting: a tcp
-    host name that does not resolve."""
+    host name that does not resolve, an ipc path that cannot exist."""
+    if endpoint.startswith("ipc://"):
+        return ipc_problem(endpoint)
     host = tcp_host(endpoint)
     if host is None or host in ("*", "") or host.replace(".", "").isdigit() or ":" in host:
         return None
@@ -569,6 +594,11 @@ async def open_subscriber(
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
+    if isinstance(start_seq, str) and start_seq != "snapshot":
+        raise ValueError(
+            f'start_seq = {start_seq!r}: use "snapshot" (start from the publisher\'s whole '
+            "cache), a seq (an int, 0 or more, fetched from replay first), or None (live only)"
+        )
     if start_seq is not None and start_seq != "snapshot":
         int_at_least("start_seq", start_seq, 0)
     number_at_least("replay_timeout", replay_timeout, 0, above=True)
@@ -610,7 +640,13 @@ async def open_subscriber(
         if replay_endpoint is not None:
             probe_timeout = min(replay_timeout, quiet_interval or replay_timeout)
             replay = _ReplayClient(
-                context, replay_endpoint, replay_timeout, inbox_send, security, probe_timeout
+                context,
+                replay_endpoint,
+                replay_timeout,
+                inbox_send,
+                security,
+                probe_timeout,
+                topic.encode(),
             )
         subscriber = Subscriber._create(
             sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay, on_silence

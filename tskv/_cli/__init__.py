@@ -16,9 +16,19 @@ from types import ModuleType
 
 import trio
 
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
 import tskv
 from tskv._cli import demo, keys, listen, simulate
-from tskv._cli.options import endpoint, non_negative, positive, sim_flags, start_point
+from tskv._cli.options import (
+    endpoint,
+    non_negative,
+    positive,
+    positive_float,
+    sim_flags,
+    start_point,
+)
 
 COMMANDS: dict[str, ModuleType] = {
     "listen": listen,
@@ -38,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     listen = commands.add_parser(
         "listen",
-        help="tail a KV event stream (tskv, TokenSpeed, vLLM, SGLang)",
+        help="tail a KV event stream (tskv, TokenSpeed, vLLM, SGLang, TensorRT-LLM)",
         description="Print one line per batch, repair gaps from replay, show what is lost. "
-        "Ctrl-C ends it with a summary.",
+        "Ctrl-C, SIGTERM, --count or --duration ends it with a summary.",
     )
     listen.add_argument("endpoint", type=endpoint, help="the publisher's PUB endpoint")
     listen.add_argument(
@@ -64,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-seq", dest="start", type=non_negative, metavar="SEQ", help="the same as --from SEQ"
     )
     listen.add_argument("--json", action="store_true", help="one JSON object per line")
+    listen.add_argument(
+        "--count", type=positive, metavar="N", help="stop after N batches (with the summary)"
+    )
+    listen.add_argument(
+        "--duration",
+        type=positive_float,
+        metavar="SECONDS",
+        help="stop after this many seconds (with the summary)",
+    )
     listen.add_argument(
         "--curve-server-key", metavar="FILE", help="the publisher's public certificate (NAME.key)"
     )
@@ -162,18 +181,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C, alone or inside the exception group of the nursery it landed in (whatever it
+    cancelled on its way is its consequence)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
+
+
+def _problem(exc: BaseException) -> BaseException | None:
+    """The one ValueError or OSError that stopped the command (inside a group too)."""
+    if isinstance(exc, (ValueError, OSError)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _problem(exc.exceptions[0])
+    return None
+
+
 def run(name: str, args: argparse.Namespace) -> int:
     """Run one subcommand under the CLI's single Ctrl-C and error policy."""
     command = COMMANDS[name]
     try:
         status: int = trio.run(command.main, args)
-    except KeyboardInterrupt:
-        if command.ENDS_WITH_CTRL_C:
-            return 0
-        print(f"\ntskv {name}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError) as exc:
-        print(f"tskv {name}: {exc}", file=sys.stderr)
+    except BaseException as exc:  # every way out is decided here, once
+        if _interrupted(exc):
+            if command.ENDS_WITH_CTRL_C:
+                return 0
+            after_echo = "\n" if sys.stderr.isatty() else ""  # past the terminal's ^C
+            print(f"{after_echo}tskv {name}: interrupted", file=sys.stderr)
+            return 130
+        problem = _problem(exc)
+        if problem is None:
+            raise
+        print(f"tskv {name}: {problem}", file=sys.stderr)
         return 2
     return status
 

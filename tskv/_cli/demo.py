@@ -29,7 +29,27 @@ ENDS_WITH_CTRL_C = False  # it runs to a verdict: Ctrl-C interrupts it (exit sta
 BUFFER_STEPS = 64  # short, so the late joiner needs the snapshot
 
 
+MIN_DEMO_CACHE_BLOCKS = 16  # a first prompt alone takes up to 9 blocks of 16 tokens
+
+
+def check_demo_options(args: argparse.Namespace) -> None:
+    """Refuse what would leave the demo nothing to check (no request, or a cache too small to
+    hold one), naming the flag and the fix, before anything starts."""
+    if args.requests_per_round < 1:
+        raise ValueError(
+            f"--requests-per-round {args.requests_per_round}: the demo would publish nothing "
+            "and check nothing; use at least 1"
+        )
+    least = MIN_DEMO_CACHE_BLOCKS * 16 // args.block_size
+    if args.cache_blocks < least:
+        raise ValueError(
+            f"--cache-blocks {args.cache_blocks}: too small to cache one request's prompt "
+            f"(up to {9 * 16} tokens), so nothing would be published; use at least {least}"
+        )
+
+
 async def main(args: argparse.Namespace) -> int:
+    check_demo_options(args)
     if args.route is not None:
         options = sim_options(args)
         routing = RoutingOptions(

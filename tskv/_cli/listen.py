@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, TextIO
+
+import trio
 
 from tskv.events import (
     AllBlocksCleared,
@@ -192,7 +196,7 @@ async def listen(
     summary_to: TextIO | None = None,
 ) -> None:
     """Print every batch until cancelled (or `limit` batches); the summary goes to `summary_to`
-    however it ends."""
+    however it ends. A listener that binds (a `*` in its endpoint) says where, there too."""
 
     def on_loss(loss: Loss) -> None:
         print(loss_json(loss) if as_json else format_loss(loss), file=out, flush=True)
@@ -206,6 +210,8 @@ async def listen(
         curve_server_key=curve_server_key,
         curve_secret_key=curve_secret_key,
     ) as sub:
+        if summary_to is not None and sub.endpoint != endpoint:
+            print(f"tskv listen: bound to {sub.endpoint}", file=summary_to, flush=True)
         try:
             count = snapshots = 0
             async for seq, batch in sub:
@@ -235,14 +241,27 @@ async def main(args: argparse.Namespace) -> int:
         problem = endpoint and await unreachable_reason(endpoint)
         if problem:
             raise ValueError(f"cannot reach {endpoint}: {problem}; check the address")
-    await listen(
-        args.endpoint,
-        args.replay,
-        args.topic,
-        args.start,
-        args.json,
-        curve_server_key=args.curve_server_key,
-        curve_secret_key=args.curve_secret_key,
-        summary_to=sys.stderr,
-    )
+    with trio.open_signal_receiver(signal.SIGTERM) as terminated:
+        async with trio.open_nursery() as nursery:
+            # SIGTERM ends it as Ctrl-C does: with the summary, exit status 0
+            nursery.start_soon(_cancel_on_signal, terminated, nursery.cancel_scope)
+            with trio.move_on_after(math.inf if args.duration is None else args.duration):
+                await listen(
+                    args.endpoint,
+                    args.replay,
+                    args.topic,
+                    args.start,
+                    args.json,
+                    limit=args.count,
+                    curve_server_key=args.curve_server_key,
+                    curve_secret_key=args.curve_secret_key,
+                    summary_to=sys.stderr,
+                )
+            nursery.cancel_scope.cancel()
     return 0
+
+
+async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return

@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from tskv._cli.options import sim_options
-from tskv.config import KVEventsConfig
+from tskv.config import ConfigError, KVEventsConfig
 from tskv.publisher import Publisher, open_publisher
 from tskv.security import server_security
 from tskv.sim import SchedulerLoop, SimOptions, check_options
@@ -38,7 +38,13 @@ def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
         changes["curve_allow_any_client"] = False
     if changes.get("curve_allow_any_client"):
         changes["curve_clients"] = None
-    return attrs.evolve(base, **changes)
+    try:
+        return attrs.evolve(base, **changes)
+    except ConfigError as exc:  # name the flags the user typed, not the config keys
+        text = str(exc).replace("curve_allow_any_client: true", "curve_allow_any_client")
+        for key in flags:
+            text = text.replace(key, f"--{key.replace('_', '-')}")
+        raise ConfigError(text) from None
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,60 @@
+"""Every message a user misled by before now names the problem and the fix."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import tskv
+from tests.zmq_helpers import LOOPBACK
+from tskv import AllBlocksCleared, BlockRemoved, KVEventBatch, KVEventsConfig
+from tskv.key_files import generate_keys, load_key_pair
+
+
+def test_an_unknown_wire_format_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="wire_format = 'vlm': use 'tokenspeed' or 'vllm'"):
+        tskv.encode_batch(KVEventBatch(1.0, [BlockRemoved([1])]), "vlm")  # type: ignore[arg-type]
+
+
+async def test_a_misspelt_start_seq_names_snapshot() -> None:
+    with pytest.raises(ValueError, match="start_seq = 'snap': use \"snapshot\""):
+        async with tskv.open_subscriber(LOOPBACK, LOOPBACK, start_seq="snap"):  # type: ignore[arg-type]
+            pass
+
+
+async def test_a_mapping_for_a_config_says_how_to_build_one() -> None:
+    with pytest.raises(TypeError, match=r"config must be a tskv\.KVEventsConfig, got dict"):
+        async with tskv.open_publisher({"endpoint": LOOPBACK}):  # type: ignore[arg-type]
+            pass
+
+
+async def test_one_event_where_a_round_belongs_says_pass_a_list() -> None:
+    async with tskv.open_publisher(KVEventsConfig(endpoint=LOOPBACK)) as publisher:
+        with pytest.raises(TypeError, match=r"single event AllBlocksCleared\(\).*pass \[event\]"):
+            await publisher.publish(AllBlocksCleared())  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="a list of KV events, got 42"):
+            await publisher.publish(42)  # type: ignore[arg-type]
+
+
+def test_a_directory_given_as_a_key_file_says_it_is_one(tmp_path: Path) -> None:
+    generate_keys(tmp_path, "node")
+    with pytest.raises(tskv.KeyFileError, match="is a directory; give the certificate file"):
+        load_key_pair(tmp_path)
+
+
+def test_a_missing_key_file_is_refused_when_the_config_is_made(tmp_path: Path) -> None:
+    with pytest.raises(tskv.ConfigError, match=r"curve_secret_key = .* does not exist; create"):
+        KVEventsConfig(curve_secret_key=str(tmp_path / "nope"), curve_allow_any_client=True)
+
+
+def test_a_misspelt_config_key_is_warned_about_with_what_was_meant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        config = KVEventsConfig.from_json('{"replay_endpiont": "tcp://127.0.0.1:*"}')
+    assert config.replay_endpoint is None
+    assert "replay_endpiont (did you mean 'replay_endpoint'?)" in caplog.text
+    with pytest.raises(tskv.ConfigError, match="buffer_step \\(did you mean 'buffer_steps'\\?\\)"):
+        tskv.ZmqEventPublisher(0, endpoint=LOOPBACK, buffer_step=5)
