@@ -92,4 +92,4 @@ async def test_the_routing_guide_router_sends_a_request_to_the_worker_with_its_p
 def test_the_routing_guide_shows_the_tested_example_as_it_is() -> None:
     source = (EXAMPLES / "router.py").read_text()
     guide = (EXAMPLES.parent / "routing.md").read_text()
-    assert source[source.index("import itertools") :] in guide
+    assert source[source.index("import contextlib") :] in guide

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import tskv
+import tskv.testing
 from tests.zmq_helpers import LOOPBACK
 from tskv import AllBlocksCleared, BlockRemoved, KVEventBatch, KVEventsConfig
 from tskv.key_files import generate_keys, load_key_pair
@@ -58,3 +59,14 @@ def test_a_misspelt_config_key_is_warned_about_with_what_was_meant(
     assert "replay_endpiont (did you mean 'replay_endpoint'?)" in caplog.text
     with pytest.raises(tskv.ConfigError, match="buffer_step \\(did you mean 'buffer_steps'\\?\\)"):
         tskv.ZmqEventPublisher(0, endpoint=LOOPBACK, buffer_step=5)
+
+
+async def test_a_typo_on_the_scripted_publisher_is_refused_as_its_sync_twin_does(
+    tskv_scripted: tskv.testing.ScriptedPublisher,
+) -> None:
+    with pytest.raises(
+        AttributeError, match="no setting 'replay_mdoe' \\(did you mean 'replay_mode'"
+    ):
+        tskv_scripted.replay_mdoe = "never"  # type: ignore[attr-defined]
+    tskv_scripted.replay_mode = "never"  # a real setting still takes
+    assert tskv_scripted.replay_mode == "never"

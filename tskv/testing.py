@@ -29,7 +29,7 @@ from tskv._background import background_tasks
 from tskv._trio_thread import TrioThread
 from tskv._trio_zmq import TrioSocket, open_socket
 from tskv.codec import WireFormat, encode_batch
-from tskv.config import KVEventsConfig
+from tskv.config import KVEventsConfig, did_you_mean
 from tskv.endpoints import LOOPBACK, on_this_machine
 from tskv.events import KVEvent, KVEventBatch
 from tskv.publisher import Publisher, open_publisher
@@ -82,6 +82,15 @@ class ScriptedPublisher:
         self.replay_requests: list[int | None] = []
         self._pub = pub
         self._subscriptions = 0
+        self._made = True  # from here on, a name that is no setting is a typo
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self.SETTINGS and "_made" in vars(self) and name not in vars(self):
+            raise AttributeError(
+                f"ScriptedPublisher has no setting {name!r}{did_you_mean(name, set(self.SETTINGS))}"
+                f"; its settings are {', '.join(self.SETTINGS)}"
+            )
+        object.__setattr__(self, name, value)
 
     def payload(self, events: Iterable[KVEvent], ts: float = 1.0) -> bytes:
         batch = KVEventBatch(ts, list(events), self.rank)

@@ -1,15 +1,18 @@
 """A KV-aware router: send each request to the worker that holds the longest prefix of it.
 
 Run: python router.py ENDPOINT REPLAY_ENDPOINT [ENDPOINT REPLAY_ENDPOINT ...]
-(for example against `tskv simulate --ranks 2 --replay-endpoint tcp://127.0.0.1:5600`).
+(for example against `tskv simulate --ranks 2 --replay-endpoint tcp://127.0.0.1:5600`, with
+the endpoints it prints). Ctrl-C stops it.
 """
 
+import contextlib
 import itertools
 import sys
 
 import trio
 
 import tskv
+from tskv.sim import Workload
 
 
 class Router:
@@ -33,10 +36,17 @@ async def main(endpoints: list[str]) -> None:
         for rank, (endpoint, replay) in enumerate(pairs):
             watcher.add(("worker", rank), endpoint, replay)
         router = Router(watcher)
+        # Requests whose prefix the workers cache: `tskv simulate` gives rank r a workload
+        # seeded r (with --seed 0), and every request it makes starts with a system prompt.
+        prompts = [p for r in range(rank + 1) for p in Workload(r, 16).system_prompts]
         while True:
             await trio.sleep(1)
-            print(router.route(list(range(64))), "stale:", sorted(index.stale))
+            for prompt in prompts:
+                worker, blocks = router.route(prompt)
+                print(f"{len(prompt)} tokens -> {worker}, {blocks} blocks cached there")
+            print("stale:", sorted(index.stale), flush=True)
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1:])
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how this example ends
+        trio.run(main, sys.argv[1:])
