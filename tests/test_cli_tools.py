@@ -131,3 +131,12 @@ def test_keys_generate_onto_an_existing_pair_says_so(tmp_path: Path) -> None:
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert "already exists" in line and "--name" in line
+
+
+def test_keys_generate_onto_a_file_says_it_wants_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "taken").write_text("not a directory")
+    assert main(["keys", "generate", str(tmp_path / "taken")]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "is a file, not a directory" in line

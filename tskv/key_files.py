@@ -96,6 +96,11 @@ def _write(path: Path, text: str, mode: int) -> None:
 def generate_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
     """Write NAME.key (public) and NAME.key_secret (owner-only) in `directory`."""
     folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise KeyFileError(
+            f"{str(folder)!r} is a file, not a directory; give the directory to write "
+            f"{name}.key and {name}.key_secret in"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     public_path, secret_path = folder / f"{name}.key", folder / f"{name}.key_secret"
     for path in (public_path, secret_path):
