@@ -133,6 +133,15 @@ def tensorrt_llm() -> tuple[Any, type[msgspec.Struct]]:
     return stored | removed | cleared, batch
 
 
+def always_three_elements() -> type[msgspec.Struct]:
+    """The batch as SGLang and vLLM declare it: the rank always sent, nil when unset."""
+    return msgspec.defstruct(
+        "EventBatch",
+        [("ts", float), ("events", list[Any]), ("data_parallel_rank", int | None)],
+        array_like=True,
+    )
+
+
 def sglang() -> tuple[Any, type[msgspec.Struct]]:
     """SGLang's map events: vLLM's BlockStored fields before the tier, then its own salt and
     session; lora_name only when set. The batch always has its three elements."""
@@ -152,11 +161,7 @@ def sglang() -> tuple[Any, type[msgspec.Struct]]:
     )
     removed = _struct("BlockRemoved", [("block_hashes", list[int]), ("medium", str | None)])
     cleared = _struct("AllBlocksCleared", [])
-    batch = msgspec.defstruct(
-        "EventBatch",
-        [("ts", float), ("events", list[Any]), ("data_parallel_rank", int | None)],
-        array_like=True,
-    )
+    batch = always_three_elements()
     return stored | removed | cleared, batch
 
 
@@ -178,11 +183,7 @@ def vllm_later() -> tuple[Any, type[msgspec.Struct]]:
     )
     touched = _struct("BlockTouched", [("block_hashes", list[int]), ("hits", int)])
     removed = _struct("BlockRemoved", [("block_hashes", list[int]), ("medium", str | None)])
-    batch = msgspec.defstruct(
-        "EventBatch",
-        [("ts", float), ("events", list[Any]), ("data_parallel_rank", int | None)],
-        array_like=True,
-    )
+    batch = always_three_elements()
     return stored | touched | removed, batch
 
 
