@@ -14,7 +14,7 @@ def tokenspeed_wheel(session: nox.Session) -> dict[str, str]:
     """TokenSpeed's wheel, without its dependencies (only its kv_events.py is loaded, which
     needs pydantic beside msgspec and pyzmq): the environment that names it for the tests, or
     none where it cannot be had (the drop-in tests then skip, saying so)."""
-    folder = Path(session.create_tmp()) / "peers"
+    folder = Path(session.create_tmp()).resolve() / "peers"
     try:
         session.run(
             "python", "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder), TOKENSPEED
