@@ -140,3 +140,12 @@ def test_keys_generate_onto_a_file_says_it_wants_a_directory(
     assert main(["keys", "generate", str(tmp_path / "taken")]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert "is a file, not a directory" in line
+
+
+def test_a_misspelt_flag_is_refused_naming_the_one_meant(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["listen", "tcp://127.0.0.1:5557", "--cout", "3"])
+    assert ended.value.code == 2
+    assert "unrecognized arguments: --cout 3 (did you mean '--count'?)" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 import trio
 
@@ -29,6 +30,7 @@ from tskv._cli.options import (
     sim_flags,
     start_point,
 )
+from tskv.config import did_you_mean
 
 COMMANDS: dict[str, ModuleType] = {
     "listen": listen,
@@ -38,13 +40,24 @@ COMMANDS: dict[str, ModuleType] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, saying which flag was meant when one is misspelt."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            flags = {flag for flag in self._option_string_actions if flag.startswith("--")}
+            wrong = message.removeprefix("unrecognized arguments: ").split()
+            message += "".join(did_you_mean(word.split("=")[0], flags) for word in wrong[:1])
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tskv",
         description="Publish, tail and simulate LLM scheduler KV-cache event streams over ZeroMQ.",
     )
     parser.add_argument("--version", action="version", version=f"tskv {tskv.__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     listen = commands.add_parser(
         "listen",
@@ -225,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tskv.bench import main as bench
 
         return bench(argv[1:])
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # reported by the command's own parser, which knows the flags that were meant
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command = commands.choices.get(args.command, parser) if args.command else parser
+        command.error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command is None:
         parser.print_help()
         return 0
