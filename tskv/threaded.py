@@ -212,12 +212,15 @@ class ZmqEventPublisher(EventPublisher):
         filled in, on the caller's object when it can be changed, as TokenSpeed does; an empty
         batch is sent too. Waits while the queue is full."""
         self._check_usable()
-        ts, listed, rank = foreign_batch(events)
-        if rank is None:
-            rank = self.attn_dp_rank
-            if not isinstance(events, KVEventBatch):  # tskv's batch is frozen
-                events.attn_dp_rank = rank
-        batch = KVEventBatch(ts, listed, rank)
+        if isinstance(events, KVEventBatch) and events.attn_dp_rank is not None:
+            batch = events  # tskv's own, complete: nothing to translate
+        else:
+            ts, listed, rank = foreign_batch(events)
+            if rank is None:
+                rank = self.attn_dp_rank
+                if not isinstance(events, KVEventBatch):  # tskv's batch is frozen
+                    events.attn_dp_rank = rank
+            batch = KVEventBatch(ts, listed, rank)
         config = self.config
         payload = encode_batch(
             batch, config.wire_format, strict=config.strict, dropped=self._dropped
