@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -102,10 +103,11 @@ def run_script(name: str) -> tuple[list[tuple[int, bytes]], list[Any]]:
     replay = tskv.offset_endpoint_port(replay, 2)  # each rank on its own port: base + rank
     assert replay is not None
     try:
-        for _ in range(100):  # both send from a thread of their own: wait until all are out
-            held = replayed(replay)
-            if len(held) == len(batches):
-                break
+        # Both send from a thread of their own, and TokenSpeed's says nothing of its progress:
+        # ask replay until everything is in it, polling with a deadline.
+        deadline = time.monotonic() + 30
+        while len(held := replayed(replay)) < len(batches) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return held, batches
     finally:
         publisher.shutdown()
