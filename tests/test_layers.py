@@ -20,6 +20,7 @@ CORE = [
     "replay_server",
     "snapshot",
     "prefix_index",
+    "errors",
 ]
 
 # Load tskv/<module>.py and what it imports without running tskv/__init__.py (which re-exports

@@ -70,3 +70,21 @@ async def test_a_typo_on_the_scripted_publisher_is_refused_as_its_sync_twin_does
         tskv_scripted.replay_mdoe = "never"  # type: ignore[attr-defined]
     tskv_scripted.replay_mode = "never"  # a real setting still takes
     assert tskv_scripted.replay_mode == "never"
+
+
+def test_every_error_tskv_raises_is_a_tskv_error_and_still_what_it_was() -> None:
+    import zmq
+
+    from tskv._trio_thread import LoopFailedError
+    from tskv._trio_zmq import AttachError
+    from tskv.frames import FrameError
+    from tskv.sim.sampling import SamplingSeedError
+
+    values = [tskv.WireError, tskv.ConfigError, tskv.EndpointError, tskv.KeyFileError]
+    for error in [*values, FrameError, SamplingSeedError]:
+        assert issubclass(error, tskv.TskvError) and issubclass(error, ValueError), error
+    assert issubclass(tskv.PublisherClosedError, tskv.TskvError)
+    assert issubclass(tskv.PublisherFailedError, RuntimeError)
+    assert issubclass(LoopFailedError, tskv.TskvError) and issubclass(LoopFailedError, RuntimeError)
+    assert issubclass(AttachError, tskv.TskvError) and issubclass(AttachError, OSError)
+    assert issubclass(AttachError, zmq.ZMQError)

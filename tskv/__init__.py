@@ -3,6 +3,7 @@
 from tskv.codec import WireError, codec_name, decode_batch, encode_batch
 from tskv.config import ConfigError, KVEventsConfig
 from tskv.endpoints import EndpointError, offset_endpoint_port
+from tskv.errors import TskvError
 from tskv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -60,6 +61,7 @@ __all__ = [
     "PublisherStatistics",
     "Subscriber",
     "SubscriberStatistics",
+    "TskvError",
     "UnknownEvent",
     "Watcher",
     "WireError",

@@ -15,13 +15,15 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
+from tskv.errors import TskvError
+
 logger = logging.getLogger("tskv")
 
 T = TypeVar("T")
 V = TypeVar("V")
 
 
-class LoopFailedError(RuntimeError):
+class LoopFailedError(TskvError, RuntimeError):
     """The background Trio loop stopped on an error; `__cause__` is that error."""
 
 

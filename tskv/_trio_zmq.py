@@ -18,6 +18,8 @@ from typing import Any, Protocol, cast
 import trio
 import zmq
 
+from tskv.errors import TskvError
+
 Frames = Sequence[Any]
 
 # Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself.
@@ -134,7 +136,7 @@ def bound_endpoint(sock: zmq.Socket[bytes]) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class AttachError(OSError, zmq.ZMQError):  # type: ignore[misc]  # strerror: str | None vs str
+class AttachError(TskvError, OSError, zmq.ZMQError):  # type: ignore[misc]  # strerror: str | None vs str
     """A socket that cannot bind or connect. An OSError, as it always was here, and a
     zmq.ZMQError, which is what TokenSpeed's callers catch around its constructor."""
 

@@ -23,6 +23,7 @@ import attrs
 import msgpack
 
 from tskv._msgspec import msgspec
+from tskv.errors import TskvError
 from tskv.events import (
     ALWAYS_SENT,
     KNOWN_EVENT_TYPES,
@@ -55,7 +56,7 @@ def unknown_wire(wire_format: object) -> ValueError:
     return ValueError(f"wire_format = {wire_format!r}: use {' or '.join(map(repr, WIRE_FORMATS))}")
 
 
-class WireError(ValueError):
+class WireError(TskvError, ValueError):
     """A payload that is not a KV event batch in any dialect tskv knows; says what was wrong."""
 
 

@@ -17,13 +17,14 @@ import attrs
 from tskv._checks import int_at_least, number_at_least
 from tskv.codec import WIRE_FORMATS, WireFormat
 from tskv.endpoints import check_endpoint, should_bind
+from tskv.errors import TskvError
 
 logger = logging.getLogger("tskv")
 
 Validator = Any  # attrs' validator protocol, too loose to spell usefully
 
 
-class ConfigError(ValueError):
+class ConfigError(TskvError, ValueError):
     """A config value tskv cannot use; the message names the key."""
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from tskv.errors import TskvError
+
 _TRANSPORTS = ("tcp://", "ipc://", "inproc://")
 LOOPBACK = "tcp://127.0.0.1:*"  # binds loopback on a port the OS picks: tests, demos, tools
 
 
-class EndpointError(ValueError):
+class EndpointError(TskvError, ValueError):
     """An endpoint tskv cannot use; the message says which and what would work."""
 
 

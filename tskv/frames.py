@@ -10,6 +10,8 @@ import struct
 
 import attrs
 
+from tskv.errors import TskvError
+
 _SEQ = struct.Struct(">Q")
 END_SEQ = 2**64 - 1
 END_FRAME = b"\xff" * 8  # -1 as a signed 8-byte int marks the end of a replay
@@ -21,7 +23,7 @@ SNAPSHOT_MARK = b"tskv-snapshot"
 SNAPSHOT_REQUEST = SNAPSHOT_MARK + END_FRAME
 
 
-class FrameError(ValueError):
+class FrameError(TskvError, ValueError):
     """Frames that do not have the shape the protocol requires; says which shape was expected."""
 
 

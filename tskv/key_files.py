@@ -13,8 +13,10 @@ import attrs
 import zmq
 import zmq.auth
 
+from tskv.errors import TskvError
 
-class KeyFileError(ValueError):
+
+class KeyFileError(TskvError, ValueError):
     """A key file that cannot be used; the message names the file and what is wrong."""
 
 

@@ -34,6 +34,7 @@ from tskv.codec import DroppedFields, codec_name, encode_round
 from tskv.config import KVEventsConfig
 from tskv.curve import warn_if_exposed
 from tskv.endpoints import offset_endpoint_port
+from tskv.errors import TskvError
 from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, UnknownEvent
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer
@@ -58,7 +59,7 @@ CURVE_HINT = (
 CLEAR_HINT = "this publisher speaks clear text: a subscriber given curve_server_key cannot connect"
 
 
-class PublisherClosedError(trio.ClosedResourceError, RuntimeError):
+class PublisherClosedError(TskvError, trio.ClosedResourceError, RuntimeError):
     """publish() after the publisher's `async with` block was left (or after shutdown()). A
     RuntimeError too, as TokenSpeed's publisher raises."""
 

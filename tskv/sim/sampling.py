@@ -12,11 +12,12 @@ from collections.abc import Iterable
 import attrs
 
 from tskv._checks import int_at_least
+from tskv.errors import TskvError
 
 SEED_LIMIT = 2**64
 
 
-class SamplingSeedError(ValueError):
+class SamplingSeedError(TskvError, ValueError):
     """A seed that is not an unsigned 64-bit integer."""
 
 
