@@ -8,11 +8,12 @@ in `_zap.py`.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Iterable
 
 import zmq.utils.z85
+
+from tskv.endpoints import on_this_machine
 
 logger = logging.getLogger("tskv")
 
@@ -35,25 +36,9 @@ def zap_reply(request: list[bytes], allowed: frozenset[bytes] | None) -> tuple[l
     return [b"1.0", request_id, b"200", b"OK", client, b""], True
 
 
-def _loopback_host(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def exposed_addresses(addresses: Iterable[str]) -> list[str]:
     """The tcp addresses in `addresses` that other machines could reach."""
-    exposed = []
-    for address in addresses:
-        if address.startswith("tcp://"):
-            host = address[len("tcp://") :].rpartition(":")[0]
-            if not _loopback_host(host):
-                exposed.append(address)
-    return exposed
+    return [address for address in addresses if not on_this_machine(address)]
 
 
 def warn_if_exposed(addresses: Iterable[str], buffer_steps: int) -> bool:

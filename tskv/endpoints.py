@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from tskv.errors import TskvError
 
 _TRANSPORTS = ("tcp://", "ipc://", "inproc://")
@@ -48,7 +50,12 @@ def tcp_host(endpoint: str) -> str | None:
 def on_this_machine(endpoint: str) -> bool:
     """Whether `endpoint` is reachable only from this machine: ipc, inproc or loopback tcp."""
     host = tcp_host(endpoint)
-    return host is None or host in ("localhost", "::1") or host.startswith("127.")
+    if host is None or host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name, or `*`: other machines may reach it
+        return False
 
 
 def should_bind(endpoint: str) -> bool:
