@@ -199,14 +199,19 @@ _STORED_WHEN_SET = tuple(name for name in STORED_OPTIONAL if name not in ALWAYS_
 _REMOVED_WHEN_SET = REMOVED_OPTIONAL[1:]
 
 
-def _mm_key_map(key: MMKey) -> dict[str, Any]:
-    """TensorRT-LLM's `mm_key` map: tagged, and its uuid only when set."""
-    value: dict[str, Any] = {"type": "mm_key", "hash": key.hash, "start_offset": key.start_offset}
+def mm_key_fields(key: MMKey) -> dict[str, Any]:
+    """An `mm_key`'s fields as TensorRT-LLM sends them: its uuid only when set, then whatever
+    else it came with."""
+    fields: dict[str, Any] = {"hash": key.hash, "start_offset": key.start_offset}
     if key.uuid is not None:
-        value["uuid"] = key.uuid
+        fields["uuid"] = key.uuid
     for name, field in key.unknown_fields.items():
-        value.setdefault(name, field)
-    return value
+        fields.setdefault(name, field)
+    return fields
+
+
+def _mm_key_map(key: MMKey) -> dict[str, Any]:
+    return {"type": "mm_key", **mm_key_fields(key)}  # tagged, as TensorRT-LLM's Struct is
 
 
 _WIRES: dict[str, Callable[[Iterable[KVEvent], DroppedFields], list[Any]]] = {

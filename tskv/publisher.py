@@ -35,7 +35,7 @@ from tskv.config import KVEventsConfig
 from tskv.curve import warn_if_exposed
 from tskv.endpoints import offset_endpoint_port
 from tskv.errors import TskvError
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, UnknownEvent
+from tskv.events import EVENT_TYPES, KVEvent
 from tskv.replay_buffer import ReplayBuffer
 from tskv.replay_limits import Peer
 from tskv.replay_server import Outcome, Received, ReplayServer
@@ -462,7 +462,7 @@ def _snapshot_maker(
 
 
 def _listed(events: Iterable[KVEvent]) -> list[KVEvent]:
-    if isinstance(events, (BlockStored, BlockRemoved, AllBlocksCleared, UnknownEvent)):
+    if isinstance(events, EVENT_TYPES):
         raise TypeError(
             f"publish() takes one round's events as a list, got the single event {events!r:.80}; "
             "pass [event]"

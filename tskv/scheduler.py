@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tskv.events import (
+    EVENT_TYPES,
     REMOVED_OPTIONAL,
     STORED_OPTIONAL,
     AllBlocksCleared,
@@ -13,7 +14,6 @@ from tskv.events import (
     BlockStored,
     KVEvent,
     KVEventBatch,
-    UnknownEvent,
     not_an_event,
 )
 
@@ -83,9 +83,6 @@ def drain_scheduler_kv_events(scheduler: Any, enabled: bool) -> list[Any]:
     return list(drain())
 
 
-_OURS = (BlockStored, BlockRemoved, AllBlocksCleared, UnknownEvent)
-
-
 def _tag(event: Any) -> object:
     """A foreign event's type name: its msgspec tag (TokenSpeed's Structs are tagged with
     their class name), else its class name."""
@@ -97,7 +94,7 @@ def _tag(event: Any) -> object:
 def foreign_event_to_wire_event(event: Any, where: str = "event") -> KVEvent:
     """An event object of another publisher's (TokenSpeed's `BlockStored`, ...) as tskv's:
     by its tag, never by shape, its fields taken as they are (no token is walked)."""
-    if isinstance(event, _OURS):
+    if isinstance(event, EVENT_TYPES):
         return event
     tag = _tag(event)
     try:

@@ -14,6 +14,7 @@ from typing import Any, Literal, TextIO
 
 import trio
 
+from tskv.codec import mm_key_fields
 from tskv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -110,15 +111,8 @@ def _event_json(event: KVEvent) -> dict[str, Any]:
         return {"type": event.type, "unknown_event": True, "fields": dict(event.fields)}
     fields = event_fields(event)
     if "mm_keys" in fields:
-        fields["mm_keys"] = [[_mm_key_json(key) for key in keys] for keys in fields["mm_keys"]]
+        fields["mm_keys"] = [[mm_key_fields(key) for key in keys] for keys in fields["mm_keys"]]
     return {"type": type(event).__name__, **fields}
-
-
-def _mm_key_json(key: MMKey) -> dict[str, Any]:
-    fields = {"hash": key.hash, "start_offset": key.start_offset}
-    if key.uuid is not None:
-        fields["uuid"] = key.uuid
-    return {**fields, **key.unknown_fields}
 
 
 def batch_json(seq: int, batch: KVEventBatch) -> str:
@@ -138,7 +132,7 @@ def _json_value(value: object) -> object:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
     if isinstance(value, MMKey):
-        return _mm_key_json(value)
+        return mm_key_fields(value)
     return repr(value)
 
 
