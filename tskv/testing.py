@@ -266,6 +266,16 @@ def simulated_batches(
     return [events for events in batches if events], sim.cached_hashes()
 
 
+def kept_on_this_machine(config: KVEventsConfig) -> KVEventsConfig:
+    """`config` with each endpoint other machines could reach moved to loopback (a port the
+    OS picks); loopback, ipc and inproc endpoints, and no replay endpoint, stay as they are."""
+    if not on_this_machine(config.endpoint):
+        config = attrs.evolve(config, endpoint=LOOPBACK)
+    if config.replay_endpoint is not None and not on_this_machine(config.replay_endpoint):
+        config = attrs.evolve(config, replay_endpoint=LOOPBACK)
+    return config
+
+
 @asynccontextmanager
 async def open_simulated_stream(
     seed: int = 0,
@@ -283,10 +293,7 @@ async def open_simulated_stream(
     address) is replaced by loopback on a port the OS picks."""
     batches, final = simulated_batches(seed, rounds, requests_per_round, block_size, cache_blocks)
     if config is not None:
-        if not on_this_machine(config.endpoint):
-            config = attrs.evolve(config, endpoint=LOOPBACK)
-        if config.replay_endpoint is not None and not on_this_machine(config.replay_endpoint):
-            config = attrs.evolve(config, replay_endpoint=LOOPBACK)
+        config = kept_on_this_machine(config)
     else:
         config = KVEventsConfig(
             endpoint=LOOPBACK,
