@@ -4,7 +4,9 @@ from pathlib import Path
 
 import nox
 
-TOKENSPEED = "tokenspeed==0.1.1"  # the peer the drop-in is compared with (tests/test_dropin.py)
+TOKENSPEED = (
+    "tokenspeed==0.1.1"  # the peer the drop-in is compared with (tests/interop/test_dropin.py)
+)
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
@@ -33,10 +35,10 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs, env=tokenspeed_wheel(session))
     if not session.posargs:  # and the events, codec and subscriber as a machine without msgspec
         without = [
-            "tests/test_events.py",
-            "tests/test_codec.py",
-            "tests/test_engines.py",
-            "tests/test_faults.py",
+            "tests/core/test_events.py",
+            "tests/core/test_codec.py",
+            "tests/interop/test_engines.py",
+            "tests/shells/test_faults.py",
         ]
         session.run("pytest", "-q", *without, env={"TSKV_CODEC": "msgpack"})
 
@@ -62,5 +64,5 @@ def bench(session: nox.Session) -> None:
     except nox.command.CommandFailed:
         session.log("ai-dynamo-runtime does not install here: the Dynamo columns are skipped")
     else:  # Dynamo's own ZMQ indexer reads tskv's stream on both wires
-        session.run("pytest", "-q", "tests/test_dynamo.py")
-    session.run("python", "-m", "tskv.bench", *session.posargs)
+        session.run("pytest", "-q", "tests/interop/test_dynamo.py")
+    session.run("python", "-m", "tskv._bench", *session.posargs)

@@ -16,7 +16,7 @@ from tskv import (
     MMKey,
     UnknownEvent,
 )
-from tskv.events import FIELDS, HASH_LIMIT, HASH_MIN, TOKEN_LIMIT, TOKEN_MIN
+from tskv.core.events import FIELDS, HASH_LIMIT, HASH_MIN, TOKEN_LIMIT, TOKEN_MIN
 
 hashes = st.integers(HASH_MIN, HASH_LIMIT - 1)
 tokens = st.integers(TOKEN_MIN, TOKEN_LIMIT - 1)

@@ -23,7 +23,7 @@ from tests.zmq_helpers import LOOPBACK
 from tskv import EventPublisherFactory, KVEventsConfig, ZmqEventPublisher
 from tskv._cli import build_parser
 from tskv._cli.simulate import simulate, simulate_config
-from tskv.key_files import generate_keys
+from tskv.curve.key_files import generate_keys
 from tskv.sim import SimOptions
 from tskv.testing import kept_on_this_machine, open_simulated_stream
 
@@ -57,7 +57,7 @@ def every_key_changed(tmp_path: Path) -> KVEventsConfig:
         "snapshots": False,
         "bind": True,  # LOOPBACK has a wildcard port: it binds either way
     }
-    missing = sorted(tskv.config.field_names() - set(values))
+    missing = sorted(tskv.core.config.field_names() - set(values))
     assert not missing, f"give these new keys a non-default value here: {missing}"
     config = KVEventsConfig(**values)
     default = KVEventsConfig()

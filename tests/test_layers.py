@@ -1,47 +1,96 @@
-"""The core decides and does no I/O: importing any core module, with everything it imports in
-turn, never brings in trio or zmq (checked in a fresh interpreter, the package __init__ aside)."""
+"""The layers hold as the tree shows them: the core (`tskv/core/`) decides and does no I/O, CURVE
+stands on the core, the shells on both, and no library module imports a tool.
+
+The module lists are read from the tree itself, so a new module is checked the day it appears.
+Imports are read from the source (those inside functions too, which run only sometimes), and
+each core module is also imported in a fresh interpreter to prove that nothing it reaches,
+third-party code included, brings in trio or zmq.
+"""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-CORE = [
-    "config",
-    "events",
-    "codec",
-    "frames",
-    "endpoints",
-    "sequencer",
-    "replay_buffer",
-    "replay_limits",
-    "replay_server",
-    "snapshot",
-    "prefix_index",
-    "errors",
-]
+PACKAGE = Path(__file__).resolve().parents[1] / "tskv"
+# What each library layer may import from tskv; the package __init__ only re-exports.
+MAY_IMPORT = {
+    "core": ("tskv.core",),
+    "curve": ("tskv.core", "tskv.curve"),
+    "shells": ("tskv.core", "tskv.curve", "tskv.shells"),
+}
+TOOLS = ("tskv.sim", "tskv._cli", "tskv.testing", "tskv.pytest_plugin", "tskv._bench")
 
-# Load tskv/<module>.py and what it imports without running tskv/__init__.py (which re-exports
-# the shells), then list what came in.
+
+def modules(layer: str) -> list[str]:
+    return sorted(
+        f"tskv.{layer}.{path.stem}" if path.stem != "__init__" else f"tskv.{layer}"
+        for path in (PACKAGE / layer).glob("*.py")
+    )
+
+
+def source(module: str) -> Path:
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def imported(module: str) -> set[str]:
+    """Every tskv module `module` names in an import statement, wherever it stands."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source(module).read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name == "tskv" or name.startswith("tskv.")}
+
+
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def test_the_tree_has_every_layer() -> None:
+    assert len(modules("core")) >= 10 and modules("curve") and modules("shells")
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    # Only the re-exports, the entry point and the tools stand beside the layers.
+    assert loose == ["__init__.py", "__main__.py", "pytest_plugin.py", "testing.py"]
+
+
+@pytest.mark.parametrize("layer", sorted(MAY_IMPORT))
+def test_each_layer_imports_only_what_is_below_it(layer: str) -> None:
+    for module in modules(layer):
+        names = imported(module) - {"tskv"}  # `from tskv.core import codec` names the package
+        outside = sorted(name for name in names if not within(name, MAY_IMPORT[layer]))
+        assert outside == [], f"{module} imports {outside}"
+
+
+def test_no_library_module_imports_a_tool() -> None:
+    library = ["tskv", *(m for layer in MAY_IMPORT for m in modules(layer))]
+    for module in library:
+        tools = sorted(name for name in imported(module) if within(name, TOOLS))
+        assert tools == [], f"{module} imports the tools {tools}"
+
+
+# Load a core module and what it imports without running tskv/__init__.py (which re-exports the
+# shells), then list what came in.
 PROBE = """
-import importlib.util, pathlib, sys, types
-root = pathlib.Path({root!r})
+import importlib, pathlib, sys, types
 package = types.ModuleType("tskv")
-package.__path__ = [str(root / "tskv")]
+package.__path__ = [{root!r}]
 sys.modules["tskv"] = package
-importlib.import_module("tskv.{module}")
+importlib.import_module({module!r})
 print(" ".join(sorted(name for name in sys.modules if name.split(".")[0] in ("trio", "zmq"))))
 """
 
 
-@pytest.mark.parametrize("module", CORE)
+@pytest.mark.parametrize("module", modules("core"))
 def test_a_core_module_never_reaches_trio_or_zmq(module: str) -> None:
-    from pathlib import Path
-
-    root = str(Path(__file__).resolve().parent.parent)
-    code = PROBE.format(root=root, module=module)
+    code = PROBE.format(root=str(PACKAGE), module=module)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [], f"tskv.{module} brings in {done.stdout.strip()}"
+    assert done.stdout.split() == [], f"{module} brings in {done.stdout.strip()}"

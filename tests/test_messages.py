@@ -11,7 +11,7 @@ import tskv
 import tskv.testing
 from tests.zmq_helpers import LOOPBACK
 from tskv import AllBlocksCleared, BlockRemoved, KVEventBatch, KVEventsConfig
-from tskv.key_files import generate_keys, load_key_pair
+from tskv.curve.key_files import generate_keys, load_key_pair
 
 
 def test_an_unknown_wire_format_names_the_choices() -> None:
@@ -75,9 +75,9 @@ async def test_a_typo_on_the_scripted_publisher_is_refused_as_its_sync_twin_does
 def test_every_error_tskv_raises_is_a_tskv_error_and_still_what_it_was() -> None:
     import zmq
 
-    from tskv._trio_thread import LoopFailedError
-    from tskv._trio_zmq import AttachError
-    from tskv.frames import FrameError
+    from tskv.core.frames import FrameError
+    from tskv.shells._trio_thread import LoopFailedError
+    from tskv.shells._trio_zmq import AttachError
     from tskv.sim.sampling import SamplingSeedError
 
     values = [tskv.WireError, tskv.ConfigError, tskv.EndpointError, tskv.KeyFileError]

@@ -10,8 +10,8 @@ import trio
 import zmq
 
 from tskv import KVEventBatch, Publisher, decode_batch
-from tskv._trio_zmq import TrioSocket
-from tskv.frames import parse_live_message, parse_replay_reply, replay_request
+from tskv.core.frames import parse_live_message, parse_replay_reply, replay_request
+from tskv.shells._trio_zmq import TrioSocket
 
 _names = itertools.count()
 

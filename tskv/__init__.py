@@ -1,10 +1,10 @@
 """tskv: KV-cache events from an LLM scheduler over ZeroMQ, published from Trio, with replay."""
 
-from tskv.codec import WireError, codec_name, decode_batch, encode_batch
-from tskv.config import ConfigError, KVEventsConfig
-from tskv.endpoints import EndpointError, offset_endpoint_port
-from tskv.errors import TskvError
-from tskv.events import (
+from tskv.core.codec import WireError, codec_name, decode_batch, encode_batch
+from tskv.core.config import ConfigError, KVEventsConfig
+from tskv.core.endpoints import EndpointError, offset_endpoint_port
+from tskv.core.errors import TskvError
+from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -13,29 +13,29 @@ from tskv.events import (
     MMKey,
     UnknownEvent,
 )
-from tskv.key_files import KeyFileError
-from tskv.prefix_index import Match, PrefixIndex
-from tskv.publisher import (
+from tskv.core.prefix_index import Match, PrefixIndex
+from tskv.core.scheduler import (
+    drain_scheduler_kv_events,
+    foreign_event_to_wire_event,
+    scheduler_kv_event_to_wire_event,
+)
+from tskv.core.sequencer import Loss, LossReason
+from tskv.curve.key_files import KeyFileError
+from tskv.shells.publisher import (
     Publisher,
     PublisherClosedError,
     PublisherStatistics,
     open_publisher,
 )
-from tskv.scheduler import (
-    drain_scheduler_kv_events,
-    foreign_event_to_wire_event,
-    scheduler_kv_event_to_wire_event,
-)
-from tskv.sequencer import Loss, LossReason
-from tskv.subscriber import Subscriber, SubscriberStatistics, open_subscriber
-from tskv.threaded import (
+from tskv.shells.subscriber import Subscriber, SubscriberStatistics, open_subscriber
+from tskv.shells.threaded import (
     EventPublisher,
     EventPublisherFactory,
     NullEventPublisher,
     PublisherFailedError,
     ZmqEventPublisher,
 )
-from tskv.watcher import Watcher, WorkerStatus, open_watcher
+from tskv.shells.watcher import Watcher, WorkerStatus, open_watcher
 
 __all__ = [
     "AllBlocksCleared",

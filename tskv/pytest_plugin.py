@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from tskv.config import KVEventsConfig
-from tskv.endpoints import LOOPBACK
-from tskv.publisher import Publisher, open_publisher
+from tskv.core.config import KVEventsConfig
+from tskv.core.endpoints import LOOPBACK
+from tskv.shells.publisher import Publisher, open_publisher
+from tskv.shells.threaded import ZmqEventPublisher
 from tskv.testing import (
     ScriptedPublisher,
     ScriptedPublisherThread,
@@ -23,7 +24,6 @@ from tskv.testing import (
     open_scripted_publisher,
     open_simulated_stream,
 )
-from tskv.threaded import ZmqEventPublisher
 
 
 def pytest_configure(config: pytest.Config) -> None:

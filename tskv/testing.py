@@ -24,17 +24,17 @@ import attrs
 import trio
 import zmq
 
-from tskv import frames
-from tskv._background import background_tasks
-from tskv._trio_thread import TrioThread
-from tskv._trio_zmq import TrioSocket, open_socket
-from tskv.codec import WireFormat, encode_batch
-from tskv.config import KVEventsConfig, did_you_mean
-from tskv.endpoints import LOOPBACK, on_this_machine
-from tskv.events import KVEvent, KVEventBatch
-from tskv.publisher import Publisher, open_publisher
+from tskv.core import frames
+from tskv.core.codec import WireFormat, encode_batch
+from tskv.core.config import KVEventsConfig, did_you_mean
+from tskv.core.endpoints import LOOPBACK, on_this_machine
+from tskv.core.events import KVEvent, KVEventBatch
+from tskv.core.snapshot import CacheState, SnapshotBuilder
+from tskv.shells._background import background_tasks
+from tskv.shells._trio_thread import TrioThread
+from tskv.shells._trio_zmq import TrioSocket, open_socket
+from tskv.shells.publisher import Publisher, open_publisher
 from tskv.sim import Simulator, Workload, run_round
-from tskv.snapshot import CacheState, SnapshotBuilder
 
 CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
 ReplayLayout = WireFormat

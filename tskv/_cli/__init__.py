@@ -30,7 +30,7 @@ from tskv._cli.options import (
     sim_flags,
     start_point,
 )
-from tskv.config import did_you_mean
+from tskv.core.config import did_you_mean
 
 COMMANDS: dict[str, ModuleType] = {
     "listen": listen,
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
-        from tskv.bench import main as bench
+        from tskv._bench.__main__ import main as bench
 
         return bench(argv[1:])
     args, extras = parser.parse_known_args(argv)

@@ -17,13 +17,13 @@ from typing import TextIO
 import trio
 
 from tskv._cli.options import sim_options
-from tskv.config import KVEventsConfig
-from tskv.endpoints import LOOPBACK
-from tskv.publisher import Publisher, open_publisher
-from tskv.sequencer import Loss
+from tskv.core.config import KVEventsConfig
+from tskv.core.endpoints import LOOPBACK
+from tskv.core.sequencer import Loss
+from tskv.shells.publisher import Publisher, open_publisher
+from tskv.shells.subscriber import Subscriber, open_subscriber
 from tskv.sim import CacheView, SchedulerLoop, SimOptions, check_options
 from tskv.sim.routing import RoutingOptions, compare
-from tskv.subscriber import Subscriber, open_subscriber
 
 ENDS_WITH_CTRL_C = False  # it runs to a verdict: Ctrl-C interrupts it (exit status 130)
 BUFFER_STEPS = 64  # short, so the late joiner needs the snapshot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tskv.key_files import generate_keys
+from tskv.curve.key_files import generate_keys
 
 ENDS_WITH_CTRL_C = False
 

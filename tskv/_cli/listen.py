@@ -14,8 +14,8 @@ from typing import Any, Literal, TextIO
 
 import trio
 
-from tskv.codec import mm_key_fields
-from tskv.events import (
+from tskv.core.codec import mm_key_fields
+from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -25,8 +25,8 @@ from tskv.events import (
     UnknownEvent,
     event_fields,
 )
-from tskv.sequencer import Loss, LossReason
-from tskv.subscriber import Subscriber, open_subscriber, unreachable_reason
+from tskv.core.sequencer import Loss, LossReason
+from tskv.shells.subscriber import Subscriber, open_subscriber, unreachable_reason
 
 
 def short_hash(value: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tskv.endpoints import EndpointError, check_endpoint
+from tskv.core.endpoints import EndpointError, check_endpoint
 from tskv.sim import SimOptions
 
 

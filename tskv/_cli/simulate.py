@@ -11,9 +11,9 @@ import attrs
 import trio
 
 from tskv._cli.options import sim_options
-from tskv.config import ConfigError, KVEventsConfig
-from tskv.publisher import Publisher, open_publisher
-from tskv.security import server_security
+from tskv.core.config import ConfigError, KVEventsConfig
+from tskv.curve.security import server_security
+from tskv.shells.publisher import Publisher, open_publisher
 from tskv.sim import SchedulerLoop, SimOptions, check_options
 
 ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end

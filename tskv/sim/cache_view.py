@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import trio
 
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tskv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 class CacheView:

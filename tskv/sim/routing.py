@@ -16,14 +16,14 @@ from typing import Any
 
 import attrs
 
-from tskv.config import KVEventsConfig
-from tskv.endpoints import LOOPBACK
-from tskv.prefix_index import PrefixIndex
-from tskv.publisher import Publisher, open_publisher
+from tskv.core.config import KVEventsConfig
+from tskv.core.endpoints import LOOPBACK
+from tskv.core.prefix_index import PrefixIndex
+from tskv.shells.publisher import Publisher, open_publisher
+from tskv.shells.watcher import Watcher, open_watcher
 from tskv.sim.block_hash import chain_hashes
 from tskv.sim.sampling import GenerateRequest
 from tskv.sim.simulator import Simulator, Workload, step_round
-from tskv.watcher import Watcher, open_watcher
 
 POLICIES = ("prefix index", "round-robin", "random")
 

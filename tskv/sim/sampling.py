@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from tskv._checks import int_at_least
-from tskv.errors import TskvError
+from tskv.core._checks import int_at_least
+from tskv.core.errors import TskvError
 
 SEED_LIMIT = 2**64
 

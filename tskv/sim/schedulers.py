@@ -11,8 +11,8 @@ import time
 import attrs
 import trio
 
-from tskv.codec import WireFormat
-from tskv.publisher import Publisher
+from tskv.core.codec import WireFormat
+from tskv.shells.publisher import Publisher
 from tskv.sim.simulator import Simulator, Workload, run_round
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from tskv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tskv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from tskv.sim.block_hash import block_hash
 from tskv.sim.sampling import (
     GenerateRequest,

@@ -1,0 +1,217 @@
+"""`tskv listen`: the lines it prints, the gap it repairs, and how it ends."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+import zmq
+
+import tskv
+from tests.processes import killed_after
+from tests.zmq_helpers import LOOPBACK, raw_socket
+from tskv import BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, ZmqEventPublisher
+from tskv._cli.listen import format_batch, listen
+from tskv.core.frames import live_message
+from tskv.testing import ScriptedPublisher
+
+
+def payload(seq: int) -> bytes:
+    events = [BlockStored([0xDEADBEEF00000000 + seq], None, [1, 2], 2), BlockRemoved([seq])]
+    return tskv.encode_batch(KVEventBatch(1_700_000_000.5, events, 2))
+
+
+def test_format_batch_is_one_readable_line() -> None:
+    batch = tskv.decode_batch(payload(7))
+    line = format_batch(7, batch)
+    assert line.startswith("seq=7 rank=2 ")
+    assert "stored=1 removed=1 cleared=0" in line
+    assert "+1[00000007]<-" in line and "-1[00000007]" in line
+
+
+async def test_listen_repairs_a_gap_made_on_purpose_and_shows_it(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    out = io.StringIO()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            listen,
+            tskv_scripted.endpoint,
+            tskv_scripted.replay_endpoint,
+            "",
+            None,
+            True,
+            out,
+            5,
+        )
+        with trio.fail_after(10):
+            await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.rank = 2
+        tskv_scripted.send([BlockRemoved([0])])
+        for n in (1, 2):  # lost on the way on purpose; the replay buffer has them
+            tskv_scripted.drop([BlockRemoved([n])])
+        for n in (3, 4):
+            tskv_scripted.send([BlockRemoved([n])])
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["seq"] for line in lines] == [0, 1, 2, 3, 4]
+    assert lines[1]["events"] == [{"type": "BlockRemoved", "block_hashes": [1]}]
+    assert lines[1]["attn_dp_rank"] == 2
+    assert tskv_scripted.replay_requests == [0]  # from the last batch delivered, to compare
+
+
+class WatchedOutput(io.StringIO):
+    """What listen printed, with a way to wait for a line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._written = trio.Event()
+
+    def write(self, text: str) -> int:
+        self._written.set()
+        return super().write(text)
+
+    async def wait_for(self, text: str) -> None:
+        while text not in self.getvalue():
+            self._written = trio.Event()
+            await self._written.wait()
+
+
+async def test_listen_from_snapshot_shows_the_whole_cache_then_goes_on_live() -> None:
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=5)
+    out = WatchedOutput()
+    async with tskv.open_publisher(config) as publisher:
+        for n in range(20):  # blocks 0..19, then 0..9 removed: 10 cached, 15 batches evicted
+            events = [BlockStored([n], None, [n] * 4, 4)]
+            await publisher.publish(events + ([BlockRemoved([n - 10])] if n >= 10 else []))
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                listen, publisher.endpoint, publisher.replay_endpoint, "", "snapshot", False, out, 2
+            )
+            with trio.fail_after(10):
+                await publisher.wait_for_subscriber()
+                # the snapshot first: published before its request is served, the next batch
+                # would be in it (the snapshot as of seq 20), and no third line would come
+                await out.wait_for("seq=19 ")
+            await publisher.publish([BlockRemoved([19])])
+    header, snapshot, live = out.getvalue().splitlines()
+    assert header == "== snapshot: the publisher's whole cache after seq 19, 10 blocks"
+    assert snapshot.startswith("seq=19 ") and "stored=10 removed=0 cleared=1" in snapshot
+    assert live.startswith("seq=20 ") and "removed=1" in live
+
+
+async def test_listen_shows_a_loss_where_it_falls() -> None:
+    out = io.StringIO()
+    async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub, trio.open_nursery() as nursery:
+        endpoint = pub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        nursery.start_soon(listen, endpoint, None, "", None, False, out, 2)
+        with trio.fail_after(10):
+            await pub.receive()
+        for seq in (0, 5):
+            pub.send_nowait(live_message(b"", seq, payload(seq)))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("seq=0 ")
+    assert lines[1] == "!! lost seq 1..4 (no-replay)"
+    assert lines[2].startswith("seq=5 ")
+
+
+def test_ctrl_c_ends_cleanly_with_a_summary() -> None:
+    publisher = ZmqEventPublisher(0, endpoint=LOOPBACK)
+    try:
+        listener = subprocess.Popen(
+            [sys.executable, "-m", "tskv", "listen", publisher.endpoint],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 20
+        while publisher.statistics().subscriptions < 1:  # sync test: poll the counter
+            assert time.monotonic() < deadline and listener.poll() is None
+            time.sleep(0.01)
+        for n in range(3):
+            publisher.publish(KVEventBatch(float(n), [BlockRemoved([n])]))
+        assert listener.stdout is not None
+        with killed_after(30, listener):
+            first = [listener.stdout.readline() for _ in range(3)]
+        listener.send_signal(signal.SIGINT)
+        _, err = listener.communicate(timeout=20)
+    finally:
+        publisher.shutdown()
+    assert [line.split()[0] for line in first] == ["seq=0", "seq=1", "seq=2"]
+    assert listener.returncode == 0
+    assert "tskv listen: 3 batches (0 repaired from replay), 0 lost" in err
+    assert "Traceback" not in err
+
+
+def test_bad_endpoint_exits_2_with_a_clear_message() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tskv", "listen", "localhost:5557"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "is not a ZeroMQ address" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "tskv", "listen", "tcp://127.0.0.1:1", "--from-seq", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "--from 3 needs --replay-endpoint" in result.stderr
+
+
+def run_listen(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tskv", "listen", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_listen_problems_are_one_line_naming_the_fix_with_status_2(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.key"
+    junk.write_text("not a certificate")
+    long_ipc = "ipc://" + "/tmp/" + "x" * 200  # longer than a unix socket path may be
+    cases = [
+        (["tcp://nohost.invalid:1"], "does not resolve"),
+        (
+            ["tcp://127.0.0.1:1", "--curve-server-key", str(tmp_path / "missing.key")],
+            "does not exist",
+        ),
+        (["tcp://127.0.0.1:1", "--curve-server-key", str(junk)], "is not a ZeroMQ certificate"),
+        ([long_ipc], "is longer than 107 bytes"),
+        (["tcp://127.0.0.1:1", "--replay-endpoint", "tcp://nohost.invalid:2"], "does not resolve"),
+    ]
+    for args, says in cases:
+        done = run_listen(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tskv listen: "), (args, done.stderr)
+        assert says in lines[0] and "Traceback" not in done.stderr
+
+
+async def test_a_publisher_that_never_answers_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as taken:
+        free = taken.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    # Nobody listens there any more: the subscriber retries silently, as ZeroMQ does.
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        async with tskv.open_subscriber(free, warn_unanswered_after=0.2):
+            with trio.fail_after(10):
+                while "no publisher has answered" not in caplog.text:  # noqa: ASYNC110
+                    await trio.sleep(0.05)  # a log line is all there is to wait for
+    assert f"no publisher has answered on {free} for 0.2 s" in caplog.text
+
+
+def test_json_shows_unknown_fields_of_any_msgpack_type() -> None:
+    from tskv._cli.listen import batch_json
+
+    odd = {"digest": b"\x01\x02", "nested": {"keys": [1, "a"]}}
+    batch = KVEventBatch(1.0, [BlockRemoved([1], unknown_fields=odd)], 0)
+    [event] = json.loads(batch_json(3, batch))["events"]
+    assert event["unknown_fields"] == {"digest": "0102", "nested": {"keys": [1, "a"]}}

@@ -1,0 +1,52 @@
+"""Child processes (each figure on a fresh interpreter where it matters) and number formatting."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+
+@contextmanager
+def child(target: Callable[..., None], *args: Any) -> Iterator[Connection]:
+    context = multiprocessing.get_context("spawn")
+    parent, end = context.Pipe()
+    process = context.Process(target=target, args=(*args, end))
+    process.start()
+    try:
+        yield parent
+    finally:
+        process.join(60)
+        if process.is_alive():
+            process.kill()
+
+
+def in_fresh_process(target: Callable[..., None], *args: Any) -> Any:
+    with child(target, *args) as conn:
+        return conn.recv()
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
+    if any(math.isnan(value) for value in values):
+        return "n/a (needs msgspec)"
+    scaled = [v * scale for v in values]
+    mid = statistics.median(scaled)
+    return f"{mid:,.{digits}f}{unit} ({min(scaled):,.{digits}f}..{max(scaled):,.{digits}f})"
+
+
+def last_endpoint(sock: zmq.Socket[bytes]) -> str:
+    """The address a bound socket really uses (port 0 resolved)."""
+    value = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,149 @@
+"""Every ZeroMQ frame tskv builds or parses: live messages, subscriptions, replay requests and
+replies.
+
+I/O-free, so each rule of docs/wire.md is tested without sockets.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import attrs
+
+from tskv.core.errors import TskvError
+
+_SEQ = struct.Struct(">Q")
+END_SEQ = 2**64 - 1
+END_FRAME = b"\xff" * 8  # -1 as a signed 8-byte int marks the end of a replay
+MAX_REQUEST_BYTES = 1024  # no replay request frame needs more; larger ones disconnect the peer
+# A snapshot request is a replay request whose start_seq frame is this mark and then
+# ff..ff: a publisher that knows no snapshots reads a start past every seq it has, and ends
+# the replay at once. Snapshot parts carry the mark as their first frame.
+SNAPSHOT_MARK = b"tskv-snapshot"
+SNAPSHOT_REQUEST = SNAPSHOT_MARK + END_FRAME
+
+
+class FrameError(TskvError, ValueError):
+    """Frames that do not have the shape the protocol requires; says which shape was expected."""
+
+
+def unpack_seq(frame: bytes) -> int:
+    """Read a seq frame: shorter ones as if left-padded with zeros, longer by their last 8 bytes."""
+    return int.from_bytes(frame[-8:], "big")
+
+
+def live_message(topic: bytes, seq: int, payload: bytes) -> list[bytes]:
+    return [topic, _SEQ.pack(seq), payload]
+
+
+def parse_live_message(frames: list[bytes]) -> tuple[bytes, int, bytes]:
+    """Split `[topic, seq, payload]`; the seq frame must be exactly 8 bytes."""
+    if len(frames) != 3:
+        raise FrameError(f"live message must be [topic, seq, payload], got {len(frames)} frames")
+    topic, seq, payload = frames
+    if len(seq) != 8:
+        raise FrameError(f"live seq frame must be 8 bytes, got {len(seq)}")
+    return bytes(topic), _SEQ.unpack(seq)[0], bytes(payload)
+
+
+def parse_subscription(frame: bytes, topic: bytes) -> int:
+    """What an XPUB's incoming frame means for a publisher of `topic`: +1 a matching
+    subscription, -1 a matching unsubscription, 0 anything else."""
+    if frame[:1] not in (b"\x00", b"\x01") or not topic.startswith(frame[1:]):
+        return 0
+    return 1 if frame[0] == 1 else -1
+
+
+def replay_request(start_seq: int) -> list[bytes]:
+    """What a DEALER client sends: an empty delimiter, then the first seq it wants."""
+    return [b"", _SEQ.pack(start_seq)]
+
+
+def snapshot_request() -> list[bytes]:
+    return [b"", SNAPSHOT_REQUEST]
+
+
+def parse_replay_request(frames: list[bytes]) -> tuple[bytes, int | None]:
+    """`[client, "", start_seq]` as a ROUTER sees it; returns (client, start_seq), with
+    start_seq None for a snapshot request."""
+    if len(frames) != 3 or frames[1] != b"":
+        shape = ", ".join(f"{len(frame)}B" for frame in frames[:6])
+        raise FrameError(
+            f"replay request must be [client, '', start_seq], got {len(frames)} frames ({shape})"
+        )
+    if frames[2] == SNAPSHOT_REQUEST:
+        return bytes(frames[0]), None
+    return bytes(frames[0]), unpack_seq(frames[2])
+
+
+def replay_reply(client: bytes, seq: int, payload: bytes, topic: bytes | None) -> list[bytes]:
+    """One replayed batch; with a `topic` (vLLM's layout) the topic frame comes before the seq."""
+    if topic is None:
+        return [client, b"", _SEQ.pack(seq), payload]
+    return [client, b"", topic, _SEQ.pack(seq), payload]
+
+
+def snapshot_part(client: bytes, next_seq: int, index: int, payload: bytes) -> list[bytes]:
+    """Part `index` of a snapshot of the state before `next_seq`; the usual end marker follows
+    the last part. Five frames after the client's: no replay reply has that many."""
+    return [client, b"", SNAPSHOT_MARK, _SEQ.pack(next_seq), _SEQ.pack(index), payload]
+
+
+def replay_end(client: bytes, topic: bytes | None, refusal: str = "") -> list[bytes]:
+    """The end of a replay. A refused request ends at once, its reason in the payload frame:
+    clients that only look at the seq see a normal end, tskv's subscriber retries later."""
+    reason = refusal.encode()
+    if topic is None:
+        return [client, b"", END_FRAME, reason]
+    return [client, b"", b"", END_FRAME, reason]  # vLLM's end marker has an empty topic
+
+
+@attrs.frozen
+class ReplayReply:
+    """One reply as a DEALER receives it; `seq` is END_SEQ for the end marker."""
+
+    seq: int
+    payload: bytes
+    topic: bytes | None = None  # vLLM's layout carries the publisher's topic; TokenSpeed's not
+
+    @property
+    def is_end(self) -> bool:
+        return self.seq == END_SEQ
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the publisher refused the request, for an end marker that carries a reason."""
+        if not self.is_end or not self.payload:
+            return None
+        return self.payload.decode("utf-8", "replace")
+
+
+@attrs.frozen
+class SnapshotPart:
+    """One part of a snapshot: batches that rebuild the state before `next_seq`."""
+
+    next_seq: int
+    index: int
+    payload: bytes
+
+
+def parse_replay_reply(frames: list[bytes]) -> ReplayReply | SnapshotPart:
+    """Read `["", seq, payload]` (TokenSpeed, tskv), `["", topic, seq, payload]` (vLLM), or
+    a snapshot part `["", "tskv-snapshot", next_seq, index, payload]`."""
+    if len(frames) == 5 and frames[0] == b"" and frames[1] == SNAPSHOT_MARK:
+        if len(frames[2]) != 8 or len(frames[3]) != 8:
+            raise FrameError("snapshot part's next_seq and index frames must be 8 bytes")
+        return SnapshotPart(_SEQ.unpack(frames[2])[0], _SEQ.unpack(frames[3])[0], bytes(frames[4]))
+    topic: bytes | None = None
+    if len(frames) == 3 and frames[0] == b"":
+        seq_frame, payload = frames[1], frames[2]
+    elif len(frames) == 4 and frames[0] == b"":
+        topic, seq_frame, payload = bytes(frames[1]), frames[2], frames[3]
+    else:
+        raise FrameError(
+            f"replay reply must be ['', seq, payload], ['', topic, seq, payload] or a "
+            f"snapshot part, got {len(frames)} frames"
+        )
+    if len(seq_frame) != 8:
+        raise FrameError(f"replay seq frame must be 8 bytes, got {len(seq_frame)}")
+    return ReplayReply(_SEQ.unpack(seq_frame)[0], bytes(payload), topic)

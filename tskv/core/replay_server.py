@@ -1,0 +1,249 @@
+"""The publisher's replay serving, without I/O: requests in, replies out, one at a time.
+
+The Trio shell (`publisher.py`) reads requests off the ROUTER and hands them to `receive`; it
+asks `next_send` for the next message, tries to send it, and says how that went (`sent`,
+`blocked`, `gone`). Everything else is decided here: who is refused, where a replay starts
+and stops, how replies to many clients interleave, when a client that takes nothing is given
+up on. The clock is injected, so all of it is tested without sockets or sleeps.
+
+A snapshot request is served the same way, its parts made one at a time by a
+`SnapshotBuilder` as they are sent; it counts against the same limits as a replay.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+
+import attrs
+
+from tskv.core import frames
+from tskv.core.config import KVEventsConfig
+from tskv.core.replay_buffer import ReplayBuffer
+from tskv.core.replay_limits import Peer, RequestGate
+from tskv.core.snapshot import SnapshotBuilder
+
+SLICE = 64  # replies to one client before the next client's turn
+RETRY_AFTER = 0.001  # a full pipe is tried again this much later (a ROUTER has no POLLOUT per peer)
+MAX_ONE_OFFS = 256  # refusal markers waiting to go out; beyond this a flooder gets none
+
+
+class Outcome(enum.Enum):
+    """What became of a request."""
+
+    SERVED = "served"
+    REFUSED = "refused"
+    INVALID = "invalid"
+
+
+@attrs.frozen
+class Received:
+    outcome: Outcome
+    detail: str = ""  # the refusal's reason, or what was wrong with the request
+
+
+@attrs.frozen
+class Outgoing:
+    """A message for the shell to send. `seq` is None for a one-off (a refusal's end marker)
+    whose loss, if the client's pipe is full, costs nothing."""
+
+    client: bytes
+    frames: list[bytes]
+    seq: int | None  # for a snapshot part, its index
+
+
+@attrs.frozen
+class Abandoned:
+    """A replay given up on: the client left, or took nothing for too long."""
+
+    client: bytes
+    next_seq: int
+    why: str
+
+
+@attrs.define
+class _Job:
+    client: bytes
+    next_seq: int
+    stop_seq: int  # the newest seq when the request came (or the per-request cap): ends there
+    last_progress: float
+    retry_at: float = 0.0
+    in_slice: int = 0
+    snapshot: SnapshotBuilder | None = None
+    part: Outgoing | None = None  # a snapshot part made but not yet sent
+
+
+@attrs.define
+class ReplayStatistics:
+    """Every request ends one way: requests == refused + completed + abandoned + superseded +
+    the replays still running."""
+
+    requests: int = 0
+    completed: int = 0
+    abandoned: int = 0
+    refused: int = 0
+    superseded: int = 0  # ended by the same client's next request (served or refused)
+    batches: int = 0
+    invalid: int = 0
+    snapshots: int = 0  # snapshot requests among `requests`; ...
+    snapshots_completed: int = 0  # ...of those, how many were sent whole (in `completed` too)
+    snapshot_parts: int = 0
+
+
+class ReplayServer:
+    """Replay jobs for every client of one publisher, served round-robin a slice at a time."""
+
+    def __init__(
+        self,
+        buffer: ReplayBuffer,
+        config: KVEventsConfig,
+        topic: bytes | None,
+        clock: Callable[[], float],
+        snapshots: Callable[[], SnapshotBuilder] | None = None,
+    ) -> None:
+        self._buffer = buffer
+        self._snapshots = snapshots  # None: snapshot requests end at once, as a replay past the end
+        self._topic = topic  # the topic frame of vLLM's reply layout; None: TokenSpeed's
+        self._client_timeout = config.replay_client_timeout
+        self._gate = RequestGate(config, clock)
+        self._clock = clock
+        self._jobs: dict[bytes, _Job] = {}
+        self._turns: deque[bytes] = deque()  # clients with a job, in serving order
+        self._one_offs: deque[Outgoing] = deque()
+        self.statistics = ReplayStatistics()
+
+    def receive(self, message: list[bytes], peer: Peer) -> Received:
+        """Take one request off the ROUTER."""
+        try:
+            client, start_seq = frames.parse_replay_request(message)
+        except frames.FrameError as exc:
+            self.statistics.invalid += 1
+            return Received(Outcome.INVALID, str(exc))
+        self.statistics.requests += 1
+        self.statistics.snapshots += start_seq is None
+        active = client in self._jobs
+        refusal = self._gate.refusal(peer, len(self._jobs), active)
+        if refusal is not None:
+            self.statistics.refused += 1
+            self.statistics.superseded += active
+            self._end_job(client)
+            if len(self._one_offs) < MAX_ONE_OFFS:
+                end = frames.replay_end(client, self._topic, refusal)
+                self._one_offs.append(Outgoing(client, end, None))
+            return Received(Outcome.REFUSED, refusal)
+        # A client asking again replaces its earlier replay: it wants this one now.
+        if active:
+            self.statistics.superseded += 1
+        else:
+            self._turns.append(client)
+        if start_seq is None and self._snapshots is not None:
+            job = _Job(client, 0, 0, self._clock(), snapshot=self._snapshots())
+        else:
+            first = self._buffer.first_at_or_after(
+                frames.END_SEQ if start_seq is None else start_seq
+            )
+            job = _Job(
+                client, first, self._gate.stop_seq(first, self._buffer.next_seq), self._clock()
+            )
+        self._jobs[client] = job
+        return Received(Outcome.SERVED)
+
+    def _end_job(self, client: bytes) -> None:
+        if self._jobs.pop(client, None) is not None:
+            self._turns.remove(client)
+
+    def next_send(self) -> Outgoing | None:
+        """The next message to send, or None when every job waits for a full pipe."""
+        if self._one_offs:
+            return self._one_offs[0]
+        now = self._clock()
+        for _ in range(len(self._turns)):
+            job = self._jobs[self._turns[0]]
+            if job.retry_at <= now:
+                return self._reply(job)
+            self._turns.rotate(-1)
+        return None
+
+    def _reply(self, job: _Job) -> Outgoing:
+        if job.snapshot is not None:
+            return self._snapshot_part(job, job.snapshot)
+        # Batches evicted while the replay ran are skipped; the client sees the hole.
+        job.next_seq = self._buffer.first_at_or_after(job.next_seq)
+        payload = self._buffer.get(job.next_seq) if job.next_seq < job.stop_seq else None
+        if payload is None:
+            return Outgoing(job.client, frames.replay_end(job.client, self._topic), None)
+        reply = frames.replay_reply(job.client, job.next_seq, payload, self._topic)
+        return Outgoing(job.client, reply, job.next_seq)
+
+    def _snapshot_part(self, job: _Job, snapshot: SnapshotBuilder) -> Outgoing:
+        if job.part is None:  # made once, then tried until it is sent
+            index = snapshot.parts_made
+            payload = snapshot.next_payload()
+            if payload is None:
+                return Outgoing(job.client, frames.replay_end(job.client, self._topic), None)
+            part = frames.snapshot_part(job.client, snapshot.next_seq, index, payload)
+            job.part = Outgoing(job.client, part, index)
+        return job.part
+
+    def sent(self, out: Outgoing) -> None:
+        if self._one_offs and out is self._one_offs[0]:
+            self._one_offs.popleft()
+            return
+        job = self._jobs[out.client]
+        job.last_progress = self._clock()
+        if out.seq is None:  # the end marker: this replay is complete
+            self.statistics.completed += 1
+            self.statistics.snapshots_completed += job.snapshot is not None
+            self._end_job(out.client)
+            return
+        if job.snapshot is not None:
+            job.part = None
+            self.statistics.snapshot_parts += 1
+        else:
+            self.statistics.batches += 1
+            job.next_seq = out.seq + 1
+        job.in_slice += 1
+        if job.in_slice >= SLICE:  # the next client's turn
+            job.in_slice = 0
+            self._turns.rotate(-1)
+
+    def blocked(self, out: Outgoing) -> Abandoned | None:
+        """The client's pipe is full: try again shortly, or give up on a client that takes
+        nothing for `replay_client_timeout` seconds."""
+        if self._one_offs and out is self._one_offs[0]:
+            self._one_offs.popleft()  # a refusal nobody reads: not worth waiting for
+            return None
+        job = self._jobs[out.client]
+        now = self._clock()
+        if now - job.last_progress > self._client_timeout:
+            return self._abandon(job, f"took nothing for {self._client_timeout:g} s")
+        job.retry_at = now + RETRY_AFTER
+        self._turns.rotate(-1)
+        return None
+
+    def gone(self, out: Outgoing) -> Abandoned | None:
+        """The client disconnected before its message could be sent."""
+        if self._one_offs and out is self._one_offs[0]:
+            self._one_offs.popleft()
+            return None
+        return self._abandon(self._jobs[out.client], "left before its replay ended")
+
+    def _abandon(self, job: _Job, why: str) -> Abandoned:
+        self.statistics.abandoned += 1
+        self._end_job(job.client)
+        return Abandoned(job.client, job.next_seq, why)
+
+    def wait_time(self) -> float | None:
+        """How long the shell may wait for requests before there is work: None for as long as
+        it likes (no jobs), 0 if there is work now."""
+        if self._one_offs:
+            return 0.0
+        if not self._jobs:
+            return None
+        now = self._clock()
+        return max(0.0, min(job.retry_at for job in self._jobs.values()) - now)
+
+    @property
+    def active(self) -> int:
+        return len(self._jobs)

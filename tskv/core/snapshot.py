@@ -1,0 +1,252 @@
+"""The cache a publisher's stream describes, and the snapshot that restores it: no I/O.
+
+`CacheState` follows every batch the publisher sends: for each cached block, the encoded
+payload of the batch that stored it (which the replay buffer holds anyway). A block costs one
+dict entry from an int to a bytes object, so the garbage collector never walks the state, the
+events themselves are not kept, and a scheduler may reuse its lists. `SnapshotBuilder` turns a
+frozen copy of that state into batches that clear and then store every cached block, parents
+before children, decoding each payload again only when a snapshot needs it, a bounded amount
+of work per batch so the replay task that sends them never holds up live batches.
+docs/wire.md#snapshots specifies what goes on the wire.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+from tskv.core.codec import WireFormat, decode_batch, encode_round
+from tskv.core.events import (
+    EVENT_TYPES,
+    PER_BLOCK,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    replace,
+)
+
+PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
+
+Tier = tuple[str | None, int | None]  # (medium, group_idx): a block is cached per tier
+UNTIERED: Tier = (None, None)
+Blocks = dict[int, bytes]  # hash -> the payload that stored it, in the order lives began
+GONE_OUT = b""  # a frozen copy's payload for a block its snapshot has sent (no payload is empty)
+
+
+class CacheState:
+    """The blocks the stream says are cached: stored, not removed since, nor cleared.
+
+    Memory follows the cache, not history: a removed block's entry goes, and a payload is kept
+    only while one of its blocks is cached. `tiered` says whether the wire carries the tier
+    (vLLM's does; on TokenSpeed's a block stored in two tiers is one block to every consumer,
+    so it is one here too).
+    """
+
+    def __init__(self, *, tiered: bool = True) -> None:
+        self.tiered = tiered
+        self.tiers: dict[Tier, Blocks] = {}
+
+    def apply(self, payload: bytes, events: Sequence[KVEvent]) -> None:
+        """Follow one batch: its events, and the payload they were encoded into.
+
+        This runs for every published batch, so it is written for speed: a plain loop of dict
+        stores beats `dict.update(zip(...))` for the short events schedulers emit (measured:
+        docs/performance.md#snapshots).
+        """
+        tiers = self.tiers
+        tiered = self.tiered
+        untiered = tiers.get(UNTIERED)  # the usual tier, looked up once a batch
+        for event in events:
+            kind = type(event)
+            if kind not in EVENT_TYPES:  # a subclass: follow it as the kind it is
+                kind = next(base for base in EVENT_TYPES if isinstance(event, base))
+            if kind is BlockStored:
+                stored: BlockStored = event  # type: ignore[assignment]
+                if tiered and (stored.medium is not None or stored.group_idx is not None):
+                    blocks = tiers.setdefault((stored.medium, stored.group_idx), {})
+                elif untiered is None:
+                    blocks = untiered = tiers[UNTIERED] = {}
+                else:
+                    blocks = untiered
+                for block in stored.block_hashes:
+                    blocks[block] = payload
+            elif kind is BlockRemoved:
+                removed: BlockRemoved = event  # type: ignore[assignment]
+                if tiered and (removed.medium is not None or removed.group_idx is not None):
+                    found = tiers.get((removed.medium, removed.group_idx))
+                else:
+                    found = untiered
+                if found:
+                    pop = found.pop
+                    for block in removed.block_hashes:
+                        pop(block, None)
+            elif kind is AllBlocksCleared:
+                tiers.clear()
+                untiered = None
+            # an UnknownEvent changes nothing tskv knows how to follow
+
+    @property
+    def blocks(self) -> int:
+        return sum(map(len, self.tiers.values()))
+
+    def freeze(self, next_seq: int) -> FrozenState:
+        """A copy that later batches do not change, of the state after every batch before
+        `next_seq`. `dict.copy`, not `dict(...)`: `copy` clones the table at C speed while at
+        most a third of its slots are deleted ones (27-60 ms at a million blocks), where
+        `dict(...)` does so only with none; a dict that has churned longer is copied entry by
+        entry either way (about 100 ms at a million blocks)."""
+        tiers = [
+            (tier if self.tiered else None, blocks.copy()) for tier, blocks in self.tiers.items()
+        ]
+        return FrozenState(next_seq, tiers)
+
+
+class FrozenState:
+    """The state as of `next_seq`: what one snapshot describes, and only one (making it marks
+    the blocks that have gone out). A tier of None is every tier (the wire does not carry
+    them)."""
+
+    def __init__(self, next_seq: int, tiers: list[tuple[Tier | None, Blocks]]) -> None:
+        self.next_seq = next_seq
+        self.tiers = tiers
+
+
+class SnapshotBuilder:
+    """The payloads of one snapshot, made one at a time as the replay task asks for them."""
+
+    def __init__(
+        self,
+        state: FrozenState,
+        ts: float,
+        rank: int,
+        wire_format: WireFormat,
+        part_blocks: int = PART_BLOCKS,
+    ) -> None:
+        self.next_seq = state.next_seq
+        self._ts = ts
+        self._rank = rank
+        self._wire_format = wire_format
+        self._parts = _parts(state.tiers, part_blocks)
+        self.parts_made = 0
+
+    def next_payload(self) -> bytes | None:
+        """The next batch of the snapshot, or None when it is complete."""
+        events = next(self._parts, None)
+        if events is None:
+            return None
+        self.parts_made += 1
+        payload = encode_round(self._ts, events, self._rank, self._wire_format)
+        assert payload is not None  # a part holds at least one event
+        return payload
+
+
+def _parts(tiers: list[tuple[Tier | None, Blocks]], part_blocks: int) -> Iterator[list[KVEvent]]:
+    """The snapshot's events, cut into parts of at most `part_blocks` blocks; the first part
+    starts with AllBlocksCleared (so an empty cache is one part holding only that)."""
+    part: list[KVEvent] = [AllBlocksCleared()]
+    size = 0
+    for tier, blocks in tiers:
+        for event in _stores(blocks, tier):
+            part.append(event)
+            size += len(event.block_hashes)
+            if size >= part_blocks:
+                yield part
+                part, size = [], 0
+    if part:
+        yield part
+
+
+def _stores(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
+    """One BlockStored per run of cached blocks that one event stored, parents first.
+
+    The dict's order is the order in which each block's current life began, so a parent
+    almost always comes before its children. The exception (a parent removed and stored again
+    while its child stayed cached) is held back until the parent has gone out. What has gone
+    out is marked in the frozen copy itself (its payload set to GONE_OUT: a value change, which
+    iterating allows), not in a set of its own: at a million blocks such a set's resizes, the
+    garbage collector's walks over it and its release each held up live batches for tens of ms.
+    """
+    waiting: dict[int, list[BlockStored]] = {}  # parent hash -> runs held back for it
+    ready: deque[BlockStored] = deque()
+    for run in _runs(blocks, tier):
+        parent = run.parent_block_hash
+        if parent is not None and blocks.get(parent):  # cached, and not yet gone out
+            waiting.setdefault(parent, []).append(run)
+            continue
+        ready.append(run)
+        while ready:
+            out = ready.popleft()
+            for block in out.block_hashes:
+                blocks[block] = GONE_OUT
+            if waiting:
+                for block in out.block_hashes:
+                    ready.extend(waiting.pop(block, ()))
+            yield out
+    for runs in waiting.values():  # a cycle of parents cannot be ordered; send them anyway
+        yield from runs
+
+
+def _runs(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
+    """Consecutive cached blocks stored by the same event, as one BlockStored each. A block is
+    marked gone out only after its run is made, so every payload read here is still there."""
+    items = iter(blocks.items())
+    pending = next(items, None)
+    decoded: bytes = b""  # the last payload read again, its events, and which stored what
+    events: Sequence[KVEvent] = []
+    storer: dict[int, int] = {}
+    while pending is not None:
+        first, payload = pending
+        if payload is not decoded:  # one batch's blocks come together: decode it once
+            decoded, events = payload, decode_batch(payload).events
+            storer = _storers(events, tier)
+        index = storer[first]
+        event = events[index]
+        assert isinstance(event, BlockStored)
+        hashes = event.block_hashes
+        start = hashes.index(first)
+        end = start + 1
+        pending = next(items, None)
+        while (
+            pending is not None
+            and end < len(hashes)
+            and pending[1] is payload
+            and pending[0] == hashes[end]
+            and storer[pending[0]] == index
+        ):
+            end += 1
+            pending = next(items, None)
+        yield _slice(event, start, end)
+
+
+def _storers(events: Sequence[KVEvent], tier: Tier | None) -> dict[int, int]:
+    """For each block a batch stores in `tier` (None: any), the index of the last event that
+    stores it: the one whose store is the block's current life if it is cached from this batch."""
+    storer: dict[int, int] = {}
+    for index, event in enumerate(events):
+        if isinstance(event, BlockStored) and (
+            tier is None or (event.medium, event.group_idx) == tier
+        ):
+            storer.update(dict.fromkeys(event.block_hashes, index))
+    return storer
+
+
+def _slice(event: BlockStored, start: int, end: int) -> BlockStored:
+    """The part of `event` storing blocks start..end-1: every other field kept, the per-block
+    ones (`PER_BLOCK`) cut with the blocks."""
+    hashes = event.block_hashes
+    if start == 0 and end == len(hashes):
+        return event
+    size = event.block_size
+    per_block: dict[str, list[object]] = {}
+    for name in PER_BLOCK:
+        values = getattr(event, name)
+        if values is not None and len(values) == len(hashes):
+            per_block[name] = list(values[start:end])
+    return replace(
+        event,
+        block_hashes=list(hashes[start:end]),
+        parent_block_hash=event.parent_block_hash if start == 0 else hashes[start - 1],
+        token_ids=list(event.token_ids[start * size : end * size]),
+        **per_block,
+    )

@@ -1,0 +1,199 @@
+"""A Trio face for one pyzmq socket, owned by one task.
+
+ZeroMQ signals readiness through one edge-like fd per socket: it becomes readable when the
+socket's EVENTS may have changed, and reading EVENTS re-arms it. So every operation is tried
+first with NOBLOCK, and only when it would block do we wait on the fd, re-reading EVENTS after
+each wake-up. Waiting before trying loses wake-ups when messages are already queued.
+
+Checkpoints follow Trio's socket methods: a cancellation check before, a shielded yield after a
+success, so each call is a full checkpoint and a cancelled call never sent or took a message.
+ZeroMQ multipart messages are atomic, so a message is either wholly sent or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, cast
+
+import trio
+import zmq
+
+from tskv.core.errors import TskvError
+
+Frames = Sequence[Any]
+
+# Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself.
+_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+_LAST = int(zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
+
+
+class TrioSocket:
+    """Async send and receive of whole multipart messages; one task per socket, always."""
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock = sock
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this ZeroMQ socket was closed")
+
+    async def wait(self, flag: int) -> None:
+        """Wait until EVENTS has `flag` (zmq.POLLIN or zmq.POLLOUT)."""
+        self._check_open()
+        while not cast(int, self.sock.getsockopt(zmq.EVENTS)) & flag:
+            try:
+                await trio.lowlevel.wait_readable(self._fd)
+            except trio.ClosedResourceError:
+                raise trio.ClosedResourceError(
+                    "this ZeroMQ socket was closed while a task was waiting on it"
+                ) from None
+            self._check_open()
+
+    def send_nowait(self, frames: Frames, copy: bool = True) -> None:
+        """Send a whole message now, or raise trio.WouldBlock having sent nothing."""
+        self._check_open()
+        send = self.sock.send
+        last = len(frames) - 1
+        try:
+            # Only the first frame can be refused: ZeroMQ takes the rest of a message it began.
+            send(frames[0], _MORE if last else _LAST, copy=copy)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+        for index in range(1, last):
+            send(frames[index], _MORE, copy=copy)
+        if last:
+            send(frames[last], _LAST, copy=copy)
+
+    async def send(self, frames: Frames, copy: bool = True) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                self.send_nowait(frames, copy)
+            except trio.WouldBlock:
+                await self.wait(zmq.POLLOUT)
+            else:
+                break
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def receive_nowait(self) -> list[bytes]:
+        """Take a whole message now, or raise trio.WouldBlock having taken nothing."""
+        self._check_open()
+        try:
+            return self.sock.recv_multipart(flags=_LAST)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+
+    def receive_waiting(self, limit: int) -> list[list[bytes]]:
+        """The messages waiting now, at most `limit`, perhaps none. Asks EVENTS before each
+        receive instead of letting the last one fail: pyzmq's zmq.Again costs three times as
+        much as reading EVENTS, and a subscriber at a worker's pace takes one message a wake-up.
+        """
+        self._check_open()
+        sock = self.sock
+        taken: list[list[bytes]] = []
+        while len(taken) < limit and cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+            taken.append(sock.recv_multipart(flags=_LAST))
+        return taken
+
+    def receive_frames_nowait(self) -> list[zmq.Frame]:
+        """Like receive_nowait, as zmq.Frame objects: they carry the message's properties."""
+        self._check_open()
+        try:
+            return self.sock.recv_multipart(flags=_LAST, copy=False)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+
+    async def receive(self) -> list[bytes]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                frames = self.receive_nowait()
+            except trio.WouldBlock:
+                await self.wait(zmq.POLLIN)
+            else:
+                break
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return frames
+
+    def close(self) -> None:
+        """Wake any waiter with ClosedResourceError, then close without lingering.
+
+        Linger 0: the default (-1) would make context termination hang on an absent peer.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        trio.lowlevel.notify_closing(self._fd)
+        self.sock.close(linger=0)
+
+
+def bound_endpoint(sock: zmq.Socket[bytes]) -> str:
+    """The address the socket really uses (a tcp port 0 or * resolved by the OS)."""
+    value = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class AttachError(TskvError, OSError, zmq.ZMQError):  # type: ignore[misc]  # strerror: str | None vs str
+    """A socket that cannot bind or connect. An OSError, as it always was here, and a
+    zmq.ZMQError, which is what TokenSpeed's callers catch around its constructor."""
+
+
+def attach(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
+    """Bind or connect `sock` to `endpoint` and return the address really used."""
+    if "[" in endpoint or "::" in endpoint:
+        sock.setsockopt(zmq.IPV6, 1)
+    try:
+        if bind:
+            sock.bind(endpoint)
+        else:
+            sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        action = "bind" if bind else "connect"
+        raise AttachError(exc.errno, f"cannot {action} {endpoint!r}: {exc.strerror}") from exc
+    return bound_endpoint(sock) if bind else endpoint
+
+
+class Secures(Protocol):
+    """CURVE settings that can be put on a socket (the server and client sides)."""
+
+    def apply(self, sock: zmq.Socket[bytes]) -> None: ...
+
+
+def open_socket(
+    context: zmq.Context[zmq.Socket[bytes]],
+    kind: int,
+    endpoint: str,
+    bind: bool,
+    hwm: int,
+    security: Secures | None = None,
+    max_message_size: int = -1,
+    prepare: Callable[[zmq.Socket[bytes], str], object] | None = None,
+) -> tuple[TrioSocket, str]:
+    """A publisher-side socket, set up as tskv needs it, bound or connected.
+
+    An XPUB is a PUB on the wire that also reports every subscription, so a publisher can wait
+    for subscribers instead of sleeping. A ROUTER gets ROUTER_MANDATORY: without it, replies
+    to a slow client are silently dropped at the high-water mark, truncating its replay.
+    `max_message_size` bounds what a peer may send (a larger message disconnects it);
+    `prepare(sock, label)` runs just before the socket binds or connects (to attach a monitor).
+    """
+    sock = context.socket(kind)
+    try:
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
+        if security is not None:
+            security.apply(sock)
+        if kind == zmq.XPUB:
+            sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+        if kind == zmq.ROUTER:
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if prepare is not None:
+            prepare(sock, f"{'replay' if kind == zmq.ROUTER else 'publisher'} {endpoint}")
+        address = attach(sock, endpoint, bind)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return TrioSocket(sock), address

@@ -1,0 +1,670 @@
+"""The Trio subscriber: live batches in order, gaps repaired from replay, losses reported.
+
+Two tasks move bytes (one owns the SUB socket, one the DEALER replay socket) into one inbox;
+the consumer's own task feeds the inbox to the I/O-free `Sequencer` and delivers what it says,
+so a consumer that stops iterating makes the SUB fall behind, and ZeroMQ's high-water mark,
+not unbounded memory, takes the strain (the gap is then repaired from replay).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import attrs
+import trio
+import zmq
+
+from tskv.core import frames
+from tskv.core._checks import int_at_least, number_at_least
+from tskv.core.codec import SEEN, WireError, decode_batch
+from tskv.core.endpoints import check_endpoint, tcp_host
+from tskv.core.events import KVEvent, KVEventBatch, UnknownEvent
+from tskv.core.sequencer import (
+    MAX_HELD,
+    Action,
+    Deliver,
+    DeliverSnapshot,
+    Loss,
+    LossReason,
+    RequestReplay,
+    RequestSnapshot,
+    Sequencer,
+    Silence,
+)
+from tskv.curve.security import ClientSecurity
+from tskv.shells._background import Pacer, background_tasks
+from tskv.shells._constructor import NoPublicConstructor
+from tskv.shells._monitor import SocketMonitor
+from tskv.shells._ratelimit import LogLimiter
+from tskv.shells._trio_zmq import TrioSocket, attach
+
+logger = logging.getLogger("tskv")
+
+INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
+LIVE_BURST = 64  # live messages taken off the socket in one go
+MAX_TYPES_LOGGED = 64  # unknown event types named in the log; a peer could invent any number
+REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
+SERVER_HINT = (
+    "check that curve_server_key is this publisher's public key and that the publisher "
+    "allows this subscriber's key (or speaks clear text if you gave no key)"
+)
+
+
+@attrs.frozen
+class SubscriberStatistics:
+    received: int  # live messages taken off the SUB socket
+    delivered: int  # batches handed to the consumer
+    repaired: int  # of those, how many came from replay
+    lost: int  # seqs reported lost (a restart's unknown count is not included)
+    replaced: int  # seqs not delivered one by one but restored by a snapshot (not in `lost`)
+    snapshots: int  # snapshots delivered, a bootstrap's included
+    losses: int  # loss reports, restarts included
+    restarts: int
+    undecodable: int
+    unknown_events: int  # events of a type tskv does not know, delivered as UnknownEvent
+    replay_requests: int
+    replay_refusals: int  # requests the publisher refused (its limits) and this side retried
+    held: int  # live batches held right now while a gap is repaired (at most max_held)
+    handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
+    handshake_failures: int  # connections whose handshake failed: wrong keys, clear text
+    probes: int  # replay requests made because the stream was quiet (in `replay_requests`)
+    silences: int  # times the publisher stopped answering a probe (it answers again: `silent`)
+    silent: bool  # the publisher is silent right now: its view is not to be trusted
+
+
+@attrs.frozen
+class _Live:
+    """Live messages as they came off the SUB socket, as many as were waiting at once."""
+
+    messages: list[list[bytes]]
+
+
+@attrs.frozen
+class _Replayed:
+    request_id: int
+    reply: frames.ReplayReply
+
+
+@attrs.frozen
+class _SnapshotPart:
+    request_id: int
+    part: frames.SnapshotPart
+
+
+@attrs.frozen
+class _ReplayFailed:
+    request_id: int
+    reason: LossReason
+
+
+@attrs.frozen
+class _BadFrames:
+    error: str
+
+
+@attrs.frozen
+class _Quiet:
+    """No live message for the quiet interval."""
+
+
+_Inbound = _Live | _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames | _Quiet
+Request = RequestReplay | RequestSnapshot
+
+
+def _log_loss(loss: Loss) -> None:
+    if loss.reason is LossReason.RESTART:
+        logger.warning(
+            "publisher restarted: expected seq %d, got seq %d", loss.first_seq, loss.new_seq
+        )
+    elif loss.reason is LossReason.SNAPSHOT:
+        logger.warning(
+            "batches %d..%d are no longer buffered: restoring the cache from a snapshot of "
+            "the state after %d",
+            loss.first_seq,
+            loss.last_seq,
+            loss.last_seq,
+        )
+    else:
+        logger.warning("lost batches %d..%d (%s)", loss.first_seq, loss.last_seq, loss.reason.value)
+
+
+class Subscriber(metaclass=NoPublicConstructor):
+    """What `open_subscriber` yields (and only it makes one): iterate it for `(seq, batch)`."""
+
+    def __init__(
+        self,
+        sequencer: Sequencer,
+        inbox: trio.MemoryReceiveChannel[_Inbound],
+        requests: trio.MemorySendChannel[Request],
+        on_loss: Callable[[Loss], object] | None,
+        endpoint: str,
+        monitors: list[SocketMonitor],
+        replay: _ReplayClient | None,
+        on_silence: Callable[[bool], object] | None = None,
+    ) -> None:
+        self.endpoint = endpoint  # as really bound, when the subscriber binds
+        self._monitors = monitors
+        self._replay = replay
+        self._sequencer = sequencer
+        self._inbox = inbox
+        self._requests = requests
+        self._on_loss = on_loss
+        self._on_silence = on_silence
+        self._ready: deque[Deliver | DeliverSnapshot | Loss | Silence] = deque()
+        self._bad_log = LogLimiter(interval=1.0)
+        self._received = 0
+        self._delivered = 0
+        self._repaired = 0
+        self._lost = 0
+        self._replaced = 0
+        self._snapshots = 0
+        self._losses = 0
+        self._restarts = 0
+        self._undecodable = 0
+        self._unknown_events = 0
+        self._unknown_types: set[str] = set()
+        self._replay_requests = 0
+        self._probes = 0
+        self._silences = 0
+        self._pacer = Pacer()
+
+    def statistics(self) -> SubscriberStatistics:
+        return SubscriberStatistics(
+            received=self._received,
+            delivered=self._delivered,
+            repaired=self._repaired,
+            lost=self._lost,
+            replaced=self._replaced,
+            snapshots=self._snapshots,
+            losses=self._losses,
+            restarts=self._restarts,
+            undecodable=self._undecodable,
+            unknown_events=self._unknown_events,
+            replay_requests=self._replay_requests,
+            replay_refusals=0 if self._replay is None else self._replay.refusals,
+            held=len(self._sequencer.pending),
+            handshakes=sum(monitor.handshakes for monitor in self._monitors),
+            handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
+            probes=self._probes,
+            silences=self._silences,
+            silent=self._sequencer.silent,
+        )
+
+    def __aiter__(self) -> Subscriber:
+        return self
+
+    async def __anext__(self) -> tuple[int, KVEventBatch]:
+        """The next batch. Always a cancellation point; it lets other tasks run when it must
+        wait, and otherwise at least every 64 batches or 0.5 ms (`Pacer`), as
+        publish() does: a schedule point per batch would cost more than decoding it."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            while self._ready:
+                item = self._ready.popleft()
+                if isinstance(item, Loss):
+                    self._report(item)
+                    continue
+                if isinstance(item, Silence):
+                    self._report_silence(item)
+                    continue
+                if isinstance(item, DeliverSnapshot):
+                    snapshot = self._snapshot_batch(item)
+                    if snapshot is None:
+                        continue
+                    return item.seq, snapshot
+                # Decoded only now, one at a time: a burst decoded ahead would keep thousands
+                # of lists alive for the garbage collector to walk again and again.
+                unknown = SEEN.unknown_events
+                try:
+                    batch = decode_batch(item.payload)
+                except WireError as exc:
+                    self._undecodable += 1
+                    self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
+                    self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
+                    continue
+                if SEEN.unknown_events != unknown:
+                    self._note_unknown(item.seq, batch)
+                self._delivered += 1
+                self._repaired += item.from_replay
+                if self._pacer.due():
+                    await self._pacer.yield_now()
+                return item.seq, batch
+            try:
+                inbound = await self._inbox.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                raise StopAsyncIteration from None
+            self._pacer.waited()
+            if isinstance(inbound, _Live):
+                for message in inbound.messages:
+                    self._apply(self._take_live(message))
+            else:
+                self._apply(self._feed(inbound))
+
+    def _note_unknown(self, seq: int, batch: KVEventBatch) -> None:
+        """Count a batch's unknown events, and name each new type once in the log."""
+        for event in batch.events:
+            if not isinstance(event, UnknownEvent):
+                continue
+            self._unknown_events += 1
+            if event.type in self._unknown_types or len(self._unknown_types) > MAX_TYPES_LOGGED:
+                continue
+            self._unknown_types.add(event.type)
+            if len(self._unknown_types) > MAX_TYPES_LOGGED:
+                logger.warning(
+                    "more than %d unknown event types: no more are named", MAX_TYPES_LOGGED
+                )
+                continue
+            logger.warning(
+                "batch %d has an event of a type tskv does not know, %r: delivered as "
+                "tskv.UnknownEvent with its fields, and counted (logged once per type)",
+                seq,
+                event.type,
+            )
+
+    def _snapshot_batch(self, item: DeliverSnapshot) -> KVEventBatch | None:
+        """The snapshot's parts as one batch (it clears, then stores every cached block), after
+        reporting the batches it replaces; None, with the loss reported, if a part is bad."""
+        events: list[KVEvent] = []
+        try:
+            parts = [decode_batch(payload) for payload in item.payloads]
+        except WireError as exc:
+            self._undecodable += 1
+            self._bad_log.warning("snapshot after seq %d does not decode: %s", item.seq, exc)
+            first = 0 if item.replaced is None else item.replaced
+            self._report(Loss(first, item.seq, LossReason.UNDECODABLE))
+            return None
+        for part in parts:
+            events.extend(part.events)
+        if item.replaced is not None:
+            self._report(Loss(item.replaced, item.seq, LossReason.SNAPSHOT))
+        self._snapshots += 1
+        self._delivered += 1
+        return KVEventBatch(parts[0].ts, events, parts[0].attn_dp_rank)
+
+    def _take_live(self, message: list[bytes]) -> list[Action]:
+        self._received += 1
+        try:
+            _, seq, payload = frames.parse_live_message(message)
+        except frames.FrameError as exc:
+            return self._feed(_BadFrames(str(exc)))
+        return self._sequencer.live(seq, payload)
+
+    def _feed(
+        self, inbound: _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames | _Quiet
+    ) -> list[Action]:
+        if isinstance(inbound, _SnapshotPart):
+            part = inbound.part
+            return self._sequencer.snapshot_part(
+                inbound.request_id, part.next_seq, part.index, part.payload
+            )
+        if isinstance(inbound, _Replayed):
+            if inbound.reply.is_end:
+                return self._sequencer.replay_ended(inbound.request_id)
+            return self._sequencer.replayed(
+                inbound.request_id, inbound.reply.seq, inbound.reply.payload
+            )
+        if isinstance(inbound, _ReplayFailed):
+            return self._sequencer.replay_failed(inbound.request_id, inbound.reason)
+        if isinstance(inbound, _Quiet):
+            return self._sequencer.quiet()
+        self._undecodable += 1
+        self._bad_log.warning("ignoring a message that is not a KV event batch: %s", inbound.error)
+        return []
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, (Deliver, DeliverSnapshot, Loss, Silence)):
+                self._ready.append(action)
+            else:
+                self._replay_requests += 1
+                self._probes += isinstance(action, RequestReplay) and action.probe
+                self._requests.send_nowait(action)  # unbounded: at most one per gap or quiet
+
+    def _report_silence(self, silence: Silence) -> None:
+        if silence.silent:
+            self._silences += 1
+            logger.warning(
+                "the publisher on %s did not answer a probe of its quiet stream after seq %s: "
+                "it may be gone (its view is not to be trusted until it answers again)",
+                self.endpoint,
+                silence.last_seq,
+            )
+        else:
+            logger.warning("the publisher on %s answers again", self.endpoint)
+        if self._on_silence is not None:
+            self._on_silence(silence.silent)
+
+    def _report(self, loss: Loss) -> None:
+        self._losses += 1
+        if loss.reason is LossReason.RESTART:
+            self._restarts += 1
+        elif loss.reason is LossReason.SNAPSHOT:
+            self._replaced += loss.count or 0
+        else:
+            self._lost += loss.count or 0
+        _log_loss(loss)
+        if self._on_loss is not None:
+            self._on_loss(loss)
+
+
+@attrs.define
+class _LastHeard:
+    """When the live reader last took a message off the socket (Trio's clock)."""
+
+    at: float
+
+
+@trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
+async def _read_live(
+    sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound], heard: _LastHeard
+) -> None:
+    """Move live messages from the socket to the inbox, every one waiting at once together.
+    Sending to the inbox is a checkpoint; a wake-up that finds nothing makes its own, so the
+    loop never spins without yielding."""
+    while True:
+        await sub.wait(zmq.POLLIN)
+        messages = sub.receive_waiting(LIVE_BURST)
+        if messages:
+            heard.at = trio.current_time()
+            await inbox.send(_Live(messages))
+        else:  # EVENTS said a message was there and none was: never spin without yielding
+            await trio.lowlevel.checkpoint()
+
+
+@trio.lowlevel.enable_ki_protection
+async def _probe_when_quiet(
+    heard: _LastHeard, interval: float, inbox: trio.MemorySendChannel[_Inbound]
+) -> None:
+    """Say when the live stream has been quiet for `interval`, and again each interval it stays
+    so: the sequencer then asks replay what it missed. A busy stream costs one clock read per
+    burst (in the reader) and a wake-up per interval here."""
+    while True:
+        await trio.sleep_until(heard.at + interval)
+        if trio.current_time() >= heard.at + interval:
+            heard.at = trio.current_time()  # the next probe one interval after this one
+            await inbox.send(_Quiet())
+
+
+class _ReplayClient:
+    """Owns the DEALER; a timed-out request's socket is replaced, so late replies die with it."""
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        timeout: float,
+        inbox: trio.MemorySendChannel[_Inbound],
+        security: ClientSecurity | None,
+        probe_timeout: float,
+        topic: bytes = b"",
+    ) -> None:
+        self._topic = topic
+        self._security = security
+        self._context = context
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._probe_timeout = probe_timeout
+        self._inbox = inbox
+        self.refusals = 0
+        self._dealer = self._open()
+
+    def _open(self) -> TrioSocket:
+        sock = self._context.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.RCVHWM, 0)  # a replay is bounded by the publisher's buffer
+            if self._security is not None:
+                self._security.apply(sock)
+            attach(sock, self._endpoint, bind=False)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        return TrioSocket(sock)
+
+    def close(self) -> None:
+        self._dealer.close()
+
+    @trio.lowlevel.enable_ki_protection
+    async def run(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        async for request in requests:
+            await self._serve(request, requests)
+
+    async def _serve(self, request: Request, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        if isinstance(request, RequestSnapshot):
+            asking = frames.snapshot_request()
+        else:
+            asking = frames.replay_request(request.start_seq)
+        await self._dealer.send(asking)
+        probe = isinstance(request, RequestReplay) and request.probe
+        timeout = self._probe_timeout if probe else self._timeout
+        backoff, longest = REFUSAL_BACKOFF
+        refused_since: float | None = None
+        while True:
+            # Only the endpoint's silence counts against the timeout, not a slow consumer.
+            with trio.move_on_after(timeout) as waiting:
+                message = await self._dealer.receive()
+            if waiting.cancelled_caught:
+                if not probe:  # a silent probe is reported as the publisher's silence
+                    logger.warning(
+                        "replay endpoint %s sent nothing for %.1f s", self._endpoint, timeout
+                    )
+                self._replace_dealer()
+                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REPLAY_TIMEOUT))
+                return
+            try:
+                reply = frames.parse_replay_reply(message)
+            except frames.FrameError as exc:
+                await self._inbox.send(_BadFrames(f"replay reply: {exc}"))
+                continue
+            if isinstance(reply, frames.SnapshotPart):
+                await self._inbox.send(_SnapshotPart(request.request_id, reply))
+                continue
+            unsubscribed = reply.topic is not None and not reply.topic.startswith(self._topic)
+            if unsubscribed and not reply.is_end:
+                continue  # a topic not subscribed to: filtered as the SUB socket filters
+            if reply.refusal is None:
+                await self._inbox.send(_Replayed(request.request_id, reply))
+                if reply.is_end:
+                    return
+                continue
+            # Refused for now (the publisher's rate or concurrency limit): not "nothing
+            # buffered". Ask again, later and later, until the timeout says give up; a refused
+            # probe has learned what it asked (the publisher is there), and ends.
+            self.refusals += 1
+            if probe:
+                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REFUSED))
+                return
+            now = trio.current_time()
+            refused_since = now if refused_since is None else refused_since
+            if now - refused_since + backoff > self._timeout:
+                logger.warning(
+                    "replay endpoint %s kept refusing for %.1f s: %s",
+                    self._endpoint,
+                    self._timeout,
+                    reply.refusal,
+                )
+                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REFUSED))
+                return
+            await trio.sleep(backoff * random.uniform(0.5, 1.0))
+            if requests.statistics().current_buffer_used:
+                return  # a newer request supersedes this one
+            backoff = min(backoff * 2, longest)
+            await self._dealer.send(asking)
+
+    def _replace_dealer(self) -> None:
+        self._dealer.close()
+        self._dealer = self._open()
+
+
+@trio.lowlevel.enable_ki_protection
+async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor, after: float) -> None:
+    """A publisher that never answers (a wrong address, a host that does not resolve, a
+    handshake that keeps failing) would otherwise leave the subscriber silent forever."""
+    with trio.move_on_after(after):
+        await monitor.answered.wait()
+        return
+    problem = await unreachable_reason(endpoint)
+    logger.warning(
+        "no publisher has answered on %s for %g s (still trying): %s",
+        endpoint,
+        after,
+        problem or "check the address and that the publisher is running",
+    )
+
+
+IPC_PATH_LIMIT = 107  # bytes a Unix socket path may have (sun_path, less its final NUL)
+
+
+def ipc_problem(endpoint: str) -> str | None:
+    """Why an ipc endpoint's path can never be used: its folder is missing, or it is too long
+    for a Unix socket. ZeroMQ would otherwise retry it forever without a word."""
+    path = endpoint[len("ipc://") :]
+    if path.startswith("@"):  # Linux's abstract namespace: no file, no folder
+        return None
+    if len(path.encode()) > IPC_PATH_LIMIT:
+        return f"ipc path {path!r} is longer than {IPC_PATH_LIMIT} bytes; use a shorter path"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"folder {folder!r} of ipc path {path!r} does not exist; create it first"
+    return None
+
+
+async def unreachable_reason(endpoint: str) -> str | None:
+    """Why `endpoint` cannot be reached, when that can be told without connecting: a tcp
+    host name that does not resolve, an ipc path that cannot exist."""
+    if endpoint.startswith("ipc://"):
+        return ipc_problem(endpoint)
+    host = tcp_host(endpoint)
+    if host is None or host in ("*", "") or host.replace(".", "").isdigit() or ":" in host:
+        return None
+    try:
+        await trio.socket.getaddrinfo(host, None)
+    except OSError as exc:
+        return f"host {host!r} does not resolve ({exc.strerror or exc})"
+    return None
+
+
+@asynccontextmanager
+async def open_subscriber(
+    endpoint: str,
+    replay_endpoint: str | None = None,
+    topic: str = "",
+    start_seq: int | Literal["snapshot"] | None = None,
+    *,
+    snapshots: bool = True,
+    on_loss: Callable[[Loss], object] | None = None,
+    replay_timeout: float = 5.0,
+    hwm: int = 100_000,
+    max_held: int = MAX_HELD,
+    quiet_interval: float | None = 2.0,
+    on_silence: Callable[[bool], object] | None = None,
+    warn_unanswered_after: float = 5.0,
+    curve_server_key: str | None = None,
+    curve_secret_key: str | None = None,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+) -> AsyncIterator[Subscriber]:
+    """Subscribe to a KV event stream; iterate the result for `(seq, batch)` in seq order.
+
+    Gaps are repaired from `replay_endpoint`. What cannot be repaired is never hidden: it is
+    counted, logged, and passed to `on_loss(loss)` just before the next batch is delivered.
+    `start_seq` fetches earlier batches from replay first (a late joiner's bootstrap);
+    `start_seq="snapshot"` starts instead from the publisher's snapshot of its whole cache (one
+    batch that clears, then stores every cached block), then goes on live. With `snapshots`
+    (the default), a hole replay can no longer fill is restored from a snapshot too, reported
+    to `on_loss` with reason SNAPSHOT just before that batch; a publisher that serves no
+    snapshots leaves it reported as EVICTED.
+    `max_held` bounds the live batches held while a gap is repaired (later ones are fetched
+    from replay once it drains, or reported lost when replay has them no more). With a replay
+    endpoint, a stream quiet for `quiet_interval` seconds (None: never) is probed: replay is
+    asked what followed the last batch delivered, so batches lost at the very end, and a
+    publisher that restarted and went quiet, are found out; a probe unanswered for as long again
+    means the publisher is silent, reported to `on_silence(True)` (and `on_silence(False)`
+    when it answers again) so a router stops trusting that worker. If no publisher has
+    answered `warn_unanswered_after` seconds after connecting, a warning says so (and why, when
+    it can tell). For an encrypted publisher, `curve_server_key` is its public certificate
+    file and `curve_secret_key` this subscriber's secret certificate file (without one, an
+    ephemeral key pair is used, which a publisher that allows any client accepts).
+    """
+    check_endpoint(endpoint)
+    if replay_endpoint is not None:
+        check_endpoint(replay_endpoint)
+    if isinstance(start_seq, str) and start_seq != "snapshot":
+        raise ValueError(
+            f'start_seq = {start_seq!r}: use "snapshot" (start from the publisher\'s whole '
+            "cache), a seq (an int, 0 or more, fetched from replay first), or None (live only)"
+        )
+    if start_seq is not None and start_seq != "snapshot":
+        int_at_least("start_seq", start_seq, 0)
+    number_at_least("replay_timeout", replay_timeout, 0, above=True)
+    int_at_least("max_held", max_held, 1)
+    if quiet_interval is not None:
+        number_at_least("quiet_interval", quiet_interval, 0, above=True)
+    number_at_least("warn_unanswered_after", warn_unanswered_after, 0, above=True)
+    if curve_secret_key is not None and curve_server_key is None:
+        raise ValueError("curve_secret_key needs curve_server_key (the publisher's public key)")
+    security = (
+        None
+        if curve_server_key is None
+        else ClientSecurity.from_files(curve_server_key, curve_secret_key)
+    )
+    sequencer = Sequencer(
+        replay_endpoint is not None, start_seq, snapshots=snapshots, max_held=max_held
+    )
+    first_actions = sequencer.start()
+    context = context or zmq.Context.instance()
+    sock = context.socket(zmq.SUB)
+    try:
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        if security is not None:
+            security.apply(sock)
+        monitor = SocketMonitor(sock, f"subscriber {endpoint}", SERVER_HINT)
+        # Bind only to a wildcard: a publisher that connects out (no * in its endpoint) needs a
+        # subscriber that binds, and an explicit address means "connect to the publisher".
+        binds = "*" in endpoint
+        address = attach(sock, endpoint, bind=binds)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    sub = TrioSocket(sock)
+    inbox_send, inbox_receive = trio.open_memory_channel[_Inbound](INBOX_SIZE)
+    requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
+    replay: _ReplayClient | None = None
+    try:
+        if replay_endpoint is not None:
+            probe_timeout = min(replay_timeout, quiet_interval or replay_timeout)
+            replay = _ReplayClient(
+                context,
+                replay_endpoint,
+                replay_timeout,
+                inbox_send,
+                security,
+                probe_timeout,
+                topic.encode(),
+            )
+        subscriber = Subscriber._create(
+            sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay, on_silence
+        )
+        heard = _LastHeard(trio.current_time())
+        subscriber._apply(first_actions)
+        async with background_tasks() as nursery:
+            nursery.start_soon(monitor.run)
+            if not binds:
+                nursery.start_soon(_warn_if_unanswered, endpoint, monitor, warn_unanswered_after)
+            nursery.start_soon(_read_live, sub, inbox_send, heard)
+            if replay is not None:
+                nursery.start_soon(replay.run, requests_receive)
+                if quiet_interval is not None:
+                    nursery.start_soon(_probe_when_quiet, heard, quiet_interval, inbox_send)
+            yield subscriber
+    finally:
+        monitor.close()
+        sub.close()
+        if replay is not None:
+            replay.close()

@@ -1,0 +1,221 @@
+"""Keeping a PrefixIndex current from many workers' streams, in Trio.
+
+One task per worker runs an `open_subscriber` (bootstrapping from the worker's snapshot when it
+has a replay endpoint) and applies every batch to the shared index. The index is told, per
+worker, when its view stops being complete (a loss was reported, or the worker went silent: its
+quiet stream's probe went unanswered) and when it is complete again (a snapshot or a cache
+reset was applied, the stream was followed from its seq 0, or a silent worker answered with
+nothing lost), so a router can see which answers not to trust. A worker's failure (its
+endpoint unreachable, its subscriber raising) is logged, marks it stale, and is retried with a
+backoff; it never stops the other workers. Workers come and go while it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from tskv.core.endpoints import check_endpoint
+from tskv.core.events import KVEventBatch
+from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.sequencer import Loss, LossReason
+from tskv.shells._background import background_tasks
+from tskv.shells.subscriber import open_subscriber
+
+logger = logging.getLogger("tskv")
+
+RETRY_BACKOFF = (0.5, 10.0)  # first and longest wait before a failed worker is tried again
+
+
+@attrs.define
+class WorkerStatus:
+    """How one watched worker is doing."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    batches: int = 0  # applied to the index
+    losses: int = 0  # loss reports (snapshots and restarts included)
+    failures: int = 0  # times its subscriber failed and was started again
+    last_error: str | None = None
+    last_seq: int | None = None
+    silent: bool = False  # its publisher did not answer a probe of its quiet stream
+
+
+@attrs.define
+class _Watched:
+    status: WorkerStatus
+    scope: trio.CancelScope
+    options: dict[str, Any]
+    from_start: bool = True  # the next delivery may be seq 0 of a whole stream
+    stale_for_silence: bool = False  # stale only because the publisher went silent
+
+
+class Watcher:
+    """What `open_watcher` yields: add and remove workers while it runs."""
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        nursery: trio.Nursery,
+        on_loss: Callable[[Worker, Loss], object] | None,
+        subscriber_options: dict[str, Any],
+    ) -> None:
+        if {"on_loss", "start_seq", "on_silence"} & subscriber_options.keys():
+            raise TypeError(
+                "the watcher sets on_loss, on_silence and start_seq itself; pass "
+                "on_loss=f(worker, loss) to open_watcher instead"
+            )
+        self.index = index
+        self._nursery = nursery
+        self._on_loss = on_loss
+        self._options = subscriber_options
+        self._watched: dict[Worker, _Watched] = {}
+        self._changed = trio.lowlevel.ParkingLot()
+
+    def add(
+        self,
+        worker: Worker,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        **subscriber_options: Any,
+    ) -> None:
+        """Start following `worker`'s stream; it is stale in the index until its view is whole.
+        `subscriber_options` (e.g. this worker's `curve_server_key`) add to the watcher's."""
+        if worker in self._watched:
+            raise ValueError(f"worker {worker!r} is already watched; remove it first")
+        check_endpoint(endpoint)
+        if replay_endpoint is not None:
+            check_endpoint(replay_endpoint)
+        options = {**self._options, **subscriber_options}
+        watched = _Watched(WorkerStatus(endpoint, replay_endpoint), trio.CancelScope(), options)
+        self._watched[worker] = watched
+        self.index.mark_stale(worker)
+        self._nursery.start_soon(self._follow, worker, watched)
+
+    def remove(self, worker: Worker) -> None:
+        """Stop following `worker` and drop it from the index."""
+        watched = self._watched.pop(worker, None)
+        if watched is not None:
+            watched.scope.cancel()
+        self.index.remove_worker(worker)
+
+    def status(self, worker: Worker) -> WorkerStatus:
+        return self._watched[worker].status
+
+    @property
+    def workers(self) -> list[Worker]:
+        return list(self._watched)
+
+    async def wait_for_seq(self, worker: Worker, seq: int) -> None:
+        """Wait until `worker`'s batch `seq` (or a later one) has been applied to the index."""
+        while True:
+            last = self._watched[worker].status.last_seq
+            if last is not None and last >= seq:
+                return
+            await self._changed.park()
+
+    async def wait_for_loss(self, worker: Worker, count: int = 1) -> None:
+        """Wait until `count` losses of `worker` have been reported."""
+        while self._watched[worker].status.losses < count:
+            await self._changed.park()
+
+    async def wait_for_silence(self, worker: Worker, silent: bool = True) -> None:
+        """Wait until `worker`'s publisher is silent (or, with `silent=False`, answers)."""
+        while self._watched[worker].status.silent != silent:
+            await self._changed.park()
+
+    @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
+    async def _follow(self, worker: Worker, watched: _Watched) -> None:
+        status = watched.status
+        backoff, longest = RETRY_BACKOFF
+        with watched.scope:
+            while True:
+                try:
+                    await self._subscribe(worker, watched)
+                except Exception as exc:  # one worker's failure is its own
+                    status.failures += 1
+                    status.last_error = f"{type(exc).__name__}: {exc}"
+                    logger.warning(
+                        "watching %r on %s failed (%s); trying again in %.1f s",
+                        worker,
+                        status.endpoint,
+                        status.last_error,
+                        backoff,
+                    )
+                if worker not in self._watched:
+                    return
+                self.index.mark_stale(worker)  # what it missed meanwhile is unknown
+                watched.from_start = True
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, longest)
+
+    async def _subscribe(self, worker: Worker, watched: _Watched) -> None:
+        status = watched.status
+        start: Literal["snapshot"] | None = "snapshot" if status.replay_endpoint else None
+
+        def on_loss(loss: Loss) -> None:
+            status.losses += 1
+            self._changed.unpark_all()
+            if worker not in self._watched:
+                return
+            if self._on_loss is not None:
+                self._on_loss(worker, loss)
+            if loss.reason is LossReason.RESTART:
+                self.index.clear_worker(worker)  # a restarted engine's cache starts empty
+                watched.from_start = True
+            watched.stale_for_silence = False  # only a repair makes this view whole again
+            self.index.mark_stale(worker)
+
+        def on_silence(silent: bool) -> None:
+            status.silent = silent
+            self._changed.unpark_all()
+            if worker not in self._watched:
+                return
+            if silent and worker not in self.index.stale:
+                watched.stale_for_silence = True
+                self.index.mark_stale(worker)  # it may be gone: route nothing on its word
+            elif not silent and watched.stale_for_silence:
+                watched.stale_for_silence = False
+                self.index.mark_current(worker)  # it answers, and nothing was lost meanwhile
+
+        async with open_subscriber(
+            status.endpoint,
+            status.replay_endpoint,
+            start_seq=start,
+            on_loss=on_loss,
+            on_silence=on_silence,
+            **watched.options,
+        ) as sub:
+            async for seq, batch in sub:
+                self._apply(worker, watched, seq, batch)
+
+    def _apply(self, worker: Worker, watched: _Watched, seq: int, batch: KVEventBatch) -> None:
+        if worker not in self._watched:
+            return  # removed while this batch was on its way
+        self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
+        if watched.from_start:
+            watched.from_start = False
+            if seq == 0:
+                self.index.mark_current(worker)  # followed from the stream's very start
+        watched.status.batches += 1
+        watched.status.last_seq = seq
+        self._changed.unpark_all()
+
+
+@asynccontextmanager
+async def open_watcher(
+    index: PrefixIndex,
+    *,
+    on_loss: Callable[[Worker, Loss], object] | None = None,
+    **subscriber_options: Any,
+) -> AsyncIterator[Watcher]:
+    """Keep `index` current from the workers added to the yielded `Watcher`, until the block
+    ends. `on_loss(worker, loss)` hears every loss report; `subscriber_options` go to every
+    `open_subscriber` (e.g. `replay_timeout`, the CURVE keys, `context`)."""
+    async with background_tasks() as nursery:
+        yield Watcher(index, nursery, on_loss, subscriber_options)
