@@ -107,8 +107,174 @@ class Silence:
 Action = Deliver | DeliverSnapshot | Loss | RequestReplay | RequestSnapshot | Silence
 
 
+@attrs.frozen
+class Idle:
+    """No request under way: batches in order are delivered as they come."""
+
+
+@attrs.frozen
+class Replaying:
+    """A replay request is under way."""
+
+    request_id: int
+    expected_at_request: int  # where delivery stood when asked: the end marker measures progress
+    verifying: bool  # it starts one seq early, at the last batch delivered, to compare it
+    probe: bool  # asked because the stream went quiet
+
+
+@attrs.define
+class Snapshotting:
+    """A snapshot request is under way, gathering its parts until the end marker."""
+
+    request_id: int
+    bootstrap: bool  # the consumer asked to start from a snapshot (start_seq="snapshot")
+    resumes_at: int | None  # where replay went on after what it no longer held (None: unknown)
+    parts: list[bytes] = attrs.Factory(list)
+    next_seq: int = 0  # the seq the snapshot's state is before
+    broken: bool = False  # a part was missing or came from another snapshot
+
+
+State = Idle | Replaying | Snapshotting
+IDLE = Idle()
+
+
+class Order:
+    """Where delivery stands in one publisher's sequence: the next seq to deliver, the live
+    batches held past a hole (at most `max_held`), the last live seq heard, and the last batch
+    delivered (to compare with replay's copy). It delivers what follows on and reports holes;
+    what to ask for is the Sequencer's to decide."""
+
+    def __init__(self, expected: int | None, max_held: int) -> None:
+        self.expected = expected  # None: nothing delivered yet, and no start asked for
+        self.max_held = max_held
+        self.last_live: int | None = None
+        self.pending: dict[int, bytes] = {}
+        self.last_payload: bytes | None = None  # what was delivered at expected - 1
+
+    def hold(self, seq: int, payload: bytes) -> bool:
+        """Hold a live batch past a hole, unless the hold is full: holding more would let one
+        stalled repair take unbounded memory, so the batch is let go, not lost (it is
+        fetched from replay, or reported, when the repair ends)."""
+        if len(self.pending) >= self.max_held:
+            return False
+        self.pending[seq] = payload
+        return True
+
+    def start_over(self, expected: int) -> None:
+        """Deliver from `expected` on, in a sequence whose batch before it was never seen."""
+        self.expected = expected
+        self.last_payload = None
+
+    def behind(self) -> bool:
+        """Live batches were heard past what was delivered and are not held: let go while the
+        hold was full, so known to exist and still to fetch (or report)."""
+        return (
+            self.last_live is not None
+            and self.expected is not None
+            and (self.expected <= self.last_live and self.last_live not in self.pending)
+        )
+
+    def missing(self) -> bool:
+        """Batches are known to exist past what was delivered: held, or let go (`behind`)."""
+        return bool(self.pending) or self.behind()
+
+    def deliver(self, seq: int, payload: bytes, from_replay: bool) -> Deliver:
+        self.expected = seq + 1
+        self.last_payload = payload
+        return Deliver(seq, payload, from_replay)
+
+    def drain(self, actions: list[Action]) -> None:
+        """Deliver held live batches that now follow on without a hole."""
+        while self.expected in self.pending:
+            seq = self.expected
+            actions.append(self.deliver(seq, self.pending.pop(seq), False))
+
+    def advance_to(self, target: int, reason: LossReason, actions: list[Action]) -> None:
+        """Move on to `target`: deliver the held batches on the way, report the holes."""
+        assert self.expected is not None
+        while self.expected < target:
+            if self.expected in self.pending:
+                self.drain(actions)
+                continue
+            next_held = min((seq for seq in self.pending if seq < target), default=target)
+            actions.append(Loss(self.expected, next_held - 1, reason))
+            self.start_over(next_held)
+
+    def give_up_to_next_pending(self, reason: LossReason, actions: list[Action]) -> None:
+        """Report the hole before the next held batch as lost, and deliver from there."""
+        if self.pending:
+            self.advance_to(min(self.pending), reason, actions)
+        self.drain(actions)
+
+    def give_up_tail(self, reason: LossReason, actions: list[Action]) -> None:
+        """Report what was heard live but let go of (the hold was full) and replay did not
+        give: from `expected` up to the last live batch."""
+        assert self.expected is not None and self.last_live is not None
+        actions.append(Loss(self.expected, self.last_live, reason))
+        self.start_over(self.last_live + 1)
+
+    def flush(self, reason: LossReason, actions: list[Action]) -> None:
+        """Deliver everything held, reporting the holes between."""
+        while self.pending:
+            self.give_up_to_next_pending(reason, actions)
+
+    def restarted(self, seq: int, payload: bytes, actions: list[Action]) -> bool:
+        """Report a restart heard live at `seq`, and deliver the new sequence from its start,
+        seq 0. True if batches 0..seq-1 went out before this one was heard (it is held)."""
+        assert self.expected is not None
+        actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=0))
+        self.start_over(0)
+        self.last_live = seq
+        if seq == 0:
+            actions.append(self.deliver(seq, payload, False))
+            return False
+        self.pending[seq] = payload
+        return True
+
+    def jumped(self, seq: int, payload: bytes, actions: list[Action]) -> None:
+        """Report a discontinuity and go on from `seq`, delivered."""
+        assert self.expected is not None
+        actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=seq))
+        actions.append(self.deliver(seq, payload, False))
+
+    def replaced(self, actions: list[Action]) -> None:
+        """Report a restart found on replay; the held live batches belong to the new sequence,
+        to be delivered from seq 0."""
+        assert self.expected is not None
+        actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=0))
+        self.start_over(0)
+        # what was heard live of the old sequence says nothing of the new one's length
+        self.last_live = max(self.pending, default=None)
+
+    def restore(
+        self, after: int, parts: list[bytes], bootstrap: bool, actions: list[Action]
+    ) -> None:
+        """Deliver a snapshot of the state before seq `after` as one batch (reporting a restart
+        first if it is older than what we have), drop the held batches it covers and deliver
+        those that follow it."""
+        assert self.expected is not None
+        if after < self.expected and not bootstrap:  # older than what we have: a new sequence
+            actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=after))
+            self.last_live = max((seq for seq in self.pending if seq >= after), default=None)
+        if after > 0 and (after != self.expected or bootstrap):
+            replaced = None if bootstrap or after < self.expected else self.expected
+            actions.append(DeliverSnapshot(after - 1, parts, replaced))
+        self.start_over(after)  # the batch before it was never seen on its own
+        for seq in [seq for seq in self.pending if seq < after]:
+            del self.pending[seq]
+        self.drain(actions)
+
+
 class Sequencer:
-    """Gap detection and repair for one publisher's stream."""
+    """Gap detection and repair for one publisher's stream.
+
+    Its mode is one value, `state`: `Idle`, `Replaying` (verifying or not, a probe or not) or
+    `Snapshotting` (with the parts so far). Every entry point takes what arrived and returns the
+    actions to carry out, in order: deliveries and loss reports in the order the consumer must
+    see them, then at most one new request (which replaces the one under way). A reply is
+    acted on only while its request is the current one (`_current`); a reply to a request given
+    up on returns no actions.
+    """
 
     def __init__(
         self,
@@ -121,341 +287,287 @@ class Sequencer:
     ) -> None:
         self.has_replay = has_replay
         self.snapshots = snapshots  # repair what replay no longer holds from a snapshot
-        self.max_held = max_held
         self.max_gap = max_gap
-        self._bootstrapping = start_seq == "snapshot"
-        # the next seq to deliver; a snapshot bootstrap holds every live batch until it is in
-        self.expected: int | None = 0 if start_seq == "snapshot" else start_seq
-        self.last_live: int | None = None
-        self.pending: dict[int, bytes] = {}  # live batches held while a gap is repaired
-        self.request_id = 0
-        self.repairing = False
-        self._expected_at_request: int | None = None
-        self._last_payload: bytes | None = None  # what was delivered at expected - 1
-        self._verifying = False  # the current request started at expected - 1, to compare
-        self._probing = False  # the current request asks a quiet publisher what it has
+        self._start_from_snapshot = start_seq == "snapshot"
+        # a snapshot bootstrap holds every live batch until the snapshot is in
+        self.order = Order(0 if start_seq == "snapshot" else start_seq, max_held)
+        self.state: State = IDLE
+        self.request_id = 0  # the last request's id; each request gets the next
         self.silent = False  # a probe went unanswered, and nothing has been heard since
-        self.snapshotting = False  # the current request is for a snapshot
-        self._parts: list[bytes] = []  # the snapshot's parts received so far
-        self._snapshot_next = 0  # the seq the snapshot's state is before
-        self._parts_broken = False
-        self._resumes_at: int | None = None  # where replay went on after what it had lost
+
+    @property
+    def pending(self) -> dict[int, bytes]:
+        """The live batches held while a gap is repaired."""
+        return self.order.pending
+
+    @property
+    def repairing(self) -> bool:
+        return self.state is not IDLE
 
     def start(self) -> list[Action]:
-        """Actions to take before any message: a bootstrap replay when a start seq was given."""
-        if self.expected is None:
+        """Before any message. Returns the bootstrap request when a start seq was given (a
+        replay from it, or a snapshot), else nothing. Raises ValueError for a start seq
+        without a replay endpoint."""
+        if self.order.expected is None:
             return []
         if not self.has_replay:
-            start = "snapshot" if self._bootstrapping else self.expected
+            start = "snapshot" if self._start_from_snapshot else self.order.expected
             raise ValueError(
                 f"start_seq = {start!r} needs a replay endpoint to fetch past batches from"
             )
-        return [self._request_snapshot() if self._bootstrapping else self._request()]
+        if self._start_from_snapshot:
+            return [self._request_snapshot(bootstrap=True)]
+        return [self._request()]
+
+    # -- what arrives ---------------------------------------------------------------------
+
+    def live(self, seq: int, payload: bytes) -> list[Action]:
+        """A live batch. Returns `Silence(False)` first if the publisher was silent; then: a
+        restart's report and the new sequence's start (seq at or below one heard); the batch
+        and the held ones that follow it (the next one in order); nothing (already delivered,
+        or held while a repair is under way, or let go when the hold is full); or, for a gap,
+        a replay request (with replay) or the hole reported (without)."""
+        actions: list[Action] = []
+        if self.silent:
+            self._heard(actions)
+        if self.order.last_live is not None and seq <= self.order.last_live:
+            return actions + self._restart(seq, payload)
+        self.order.last_live = seq
+        if self.order.expected is None:
+            return [*actions, self.order.deliver(seq, payload, False)]
+        if seq < self.order.expected:
+            return actions  # before the requested start, or already delivered from replay
+        state = self.state
+        if seq == self.order.expected and not isinstance(state, Snapshotting):
+            actions.append(self.order.deliver(seq, payload, False))
+            self.order.drain(actions)
+            return actions
+        bootstrap = isinstance(state, Snapshotting) and state.bootstrap
+        if seq - self.order.expected > self.max_gap and not bootstrap:
+            return actions + self._discontinuity(seq, payload)
+        if not self.order.hold(seq, payload) or self.repairing:
+            return actions
+        if self.has_replay:
+            return [*actions, self._request()]
+        self.order.give_up_to_next_pending(LossReason.NO_REPLAY, actions)
+        return actions
+
+    def quiet(self) -> list[Action]:
+        """No live batch has come for the quiet interval. Returns a probe (a replay request
+        from the last batch delivered, to compare), or nothing: no replay endpoint, nothing
+        delivered yet, or a request already under way (it asks the same)."""
+        if not self.has_replay or self.order.expected is None or self.repairing:
+            return []
+        return [self._request(probe=True)]
+
+    def replayed(self, request_id: int, seq: int, payload: bytes) -> list[Action]:
+        """One batch of the current request's replay. Returns `Silence(False)` first if the
+        publisher was silent; then nothing (the verified batch matches ours, or it is one
+        already delivered); a restart's report and a request from seq 0 (the verified batch
+        differs); a snapshot request (replay skipped past what we miss, with snapshots on);
+        or the holes before it reported, the batch, and the held ones that follow it."""
+        actions: list[Action] = []
+        state = self._current(request_id)
+        if state is None:
+            return actions
+        if self.silent:
+            self._heard(actions)
+        assert self.order.expected is not None
+        if seq > max(self.order.expected, self.order.last_live or 0) + self.max_gap:
+            return actions  # no replay buffer reaches that far ahead of the live stream
+        if isinstance(state, Replaying) and state.verifying:
+            self.state = attrs.evolve(state, verifying=False)
+            if seq == self.order.expected - 1:
+                if self.order.last_payload is None or payload == self.order.last_payload:
+                    return actions  # the same stream (as far as can be told): go on from here
+                return actions + self._replaced()
+        if seq < self.order.expected:
+            return actions
+        if seq > self.order.expected and self.snapshots:
+            # The buffer no longer holds what we miss: a snapshot stands in for it, and the
+            # rest of this replay (answering a request now given up on) is ignored.
+            return [*actions, self._request_snapshot(resumes_at=seq)]
+        self.order.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
+        # Replay skipping ahead means the buffer lost what came before, but not what we hold.
+        self.order.advance_to(seq, LossReason.EVICTED, actions)
+        actions.append(self.order.deliver(seq, payload, True))
+        self.order.drain(actions)
+        return actions
+
+    def snapshot_part(
+        self, request_id: int, next_seq: int, index: int, payload: bytes
+    ) -> list[Action]:
+        """One part of the snapshot asked for, kept until the end marker; never any actions.
+        A part out of order, or from another snapshot, spoils the snapshot."""
+        state = self._current(request_id)
+        if isinstance(state, Snapshotting):
+            self.silent = False  # a part is an answer; the end marker reports it
+            if index != len(state.parts) or (state.parts and next_seq != state.next_seq):
+                state.broken = True
+            state.next_seq = next_seq
+            state.parts.append(payload)
+        return []
+
+    def replay_ended(self, request_id: int) -> list[Action]:
+        """The current request's end marker. Returns `Silence(False)` first if the publisher was
+        silent. A snapshot ends as `_snapshot_ended` says. A replay that made progress but left
+        batches missing asks again from where delivery stands; one that made none asks for a
+        snapshot (snapshots on) or reports the holes (then asks for the next hole, if any). A
+        probe that got nothing at all, not even our last batch, means the publisher's
+        sequence is behind ours: a restart, and a request from seq 0."""
+        actions: list[Action] = []
+        state = self._current(request_id)
+        if state is None:
+            return actions
+        if self.silent:
+            self._heard(actions)
+        self.state = IDLE
+        if isinstance(state, Snapshotting):
+            return actions + self._snapshot_ended(state)
+        assert self.order.expected is not None
+        if state.probe and state.verifying:  # still verifying: nothing came back at all
+            return actions + self._replaced()
+        if not self.order.missing():
+            return actions
+        if self.order.expected != state.expected_at_request:
+            # Progress was made, but batches published after the request are still missing:
+            # ask again from where we are.
+            return [*actions, self._request()]
+        if self.snapshots:
+            return [*actions, self._request_snapshot()]  # what the buffer lost, a snapshot restores
+        self.order.give_up_to_next_pending(LossReason.EVICTED, actions)
+        if self.order.pending:
+            actions.append(self._request())  # a further hole, after the one just given up
+        elif self.order.behind():
+            self.order.give_up_tail(LossReason.EVICTED, actions)
+        return actions
+
+    def replay_failed(
+        self, request_id: int, reason: LossReason = LossReason.REPLAY_TIMEOUT
+    ) -> list[Action]:
+        """The replay endpoint did not serve the current request (it timed out, or kept
+        refusing). A snapshot that failed is handled as `_snapshot_failed` says. A refused probe
+        proves the publisher alive: `Silence(False)` if it was silent, and a request for what is
+        missing. A probe that timed out reports `Silence(True)` (once), then, as for any other
+        failure, what the request should have filled is reported lost."""
+        actions: list[Action] = []
+        state = self._current(request_id)
+        if state is None:
+            return actions
+        self.state = IDLE
+        if isinstance(state, Snapshotting):
+            return self._snapshot_failed(state, reason)
+        if state.probe and reason is LossReason.REFUSED:  # busy, not gone: repair what is missing
+            if self.silent:
+                self._heard(actions)
+            self._ask_if_missing(actions)
+            return actions
+        if state.probe and reason is LossReason.REPLAY_TIMEOUT and not self.silent:
+            self.silent = True
+            assert self.order.expected is not None
+            actions.append(Silence(True, self.order.expected - 1))
+        self.order.flush(reason, actions)
+        if self.order.behind():
+            self.order.give_up_tail(reason, actions)
+        return actions
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _current(self, request_id: int) -> Replaying | Snapshotting | None:
+        """The request under way, if `request_id` names it; None for a reply to a request
+        given up on (or answered already)."""
+        state = self.state
+        if isinstance(state, Idle) or state.request_id != request_id:
+            return None
+        return state
 
     def _request(self, probe: bool = False) -> RequestReplay:
-        assert self.expected is not None
+        assert self.order.expected is not None
         self.request_id += 1
-        self.repairing = True
-        self._probing = probe
-        self._expected_at_request = self.expected
         # A probe starts at the last batch even unseen (after a snapshot): the publisher still
         # holds its newest batch, so a reply without it means a sequence behind ours.
-        self._verifying = self.expected > 0 and (probe or self._last_payload is not None)
-        self.snapshotting = False
-        start = self.expected - 1 if self._verifying else self.expected
+        verifying = self.order.expected > 0 and (probe or self.order.last_payload is not None)
+        self.state = Replaying(self.request_id, self.order.expected, verifying, probe)
+        start = self.order.expected - 1 if verifying else self.order.expected
         return RequestReplay(start, self.request_id, probe)
 
-    def _behind(self) -> bool:
-        """Live batches were heard past what was delivered and are not held: let go while the
-        hold was full, so known to exist and still to fetch (or report)."""
-        return (
-            self.last_live is not None
-            and self.expected is not None
-            and (self.expected <= self.last_live and self.last_live not in self.pending)
-        )
+    def _request_snapshot(
+        self, resumes_at: int | None = None, bootstrap: bool = False
+    ) -> RequestSnapshot:
+        self.request_id += 1
+        self.state = Snapshotting(self.request_id, bootstrap, resumes_at)
+        return RequestSnapshot(self.request_id)
+
+    def _ask_if_missing(self, actions: list[Action]) -> None:
+        if self.order.missing():
+            actions.append(self._request())
 
     def _heard(self, actions: list[Action]) -> None:
         """The publisher answered (live or on replay): a silence it was in is over."""
         self.silent = False
-        actions.append(Silence(False, None if self.expected is None else self.expected - 1))
+        actions.append(
+            Silence(False, None if self.order.expected is None else self.order.expected - 1)
+        )
 
-    def quiet(self) -> list[Action]:
-        """No live batch has come for the quiet interval: ask replay what followed the last
-        batch delivered, unless a request is under way already (it asks the same). Returns the
-        probe to send, or nothing (no replay endpoint, nothing delivered yet)."""
-        if not self.has_replay or self.expected is None or self.repairing:
-            return []
-        return [self._request(probe=True)]
-
-    def _request_snapshot(self, resumes_at: int | None = None) -> RequestSnapshot:
-        self._resumes_at = resumes_at
-        self.request_id += 1
-        self.repairing = True
-        self.snapshotting = True
-        self._verifying = False
-        self._parts = []
-        self._parts_broken = False
-        return RequestSnapshot(self.request_id)
-
-    def _deliver(self, seq: int, payload: bytes, from_replay: bool) -> Deliver:
-        self.expected = seq + 1
-        self._last_payload = payload
-        return Deliver(seq, payload, from_replay)
-
-    def _drain_pending(self, actions: list[Action]) -> None:
-        """Deliver held live batches that now follow on without a hole."""
-        while self.expected in self.pending:
-            seq = self.expected
-            actions.append(self._deliver(seq, self.pending.pop(seq), False))
-
-    def _advance_to(self, target: int, reason: LossReason, actions: list[Action]) -> None:
-        """Move on to `target`: deliver the held batches on the way, report the holes."""
-        assert self.expected is not None
-        while self.expected < target:
-            if self.expected in self.pending:
-                self._drain_pending(actions)
-                continue
-            next_held = min((seq for seq in self.pending if seq < target), default=target)
-            actions.append(Loss(self.expected, next_held - 1, reason))
-            self.expected = next_held
-            self._last_payload = None  # the batch before `expected` was never seen
-
-    def _give_up_to_next_pending(self, reason: LossReason, actions: list[Action]) -> None:
-        """Report the hole before the next held batch as lost, and deliver from there."""
-        if self.pending:
-            self._advance_to(min(self.pending), reason, actions)
-        self._drain_pending(actions)
-
-    def live(self, seq: int, payload: bytes) -> list[Action]:
-        actions: list[Action] = []
-        if self.silent:
-            self._heard(actions)
-        if self.last_live is not None and seq <= self.last_live:
-            return actions + self._restart(seq, payload)
-        self.last_live = seq
-        if self.expected is None:
-            return [*actions, self._deliver(seq, payload, False)]
-        if seq < self.expected:
-            return actions  # before the requested start, or already delivered from replay
-        if seq == self.expected and not self.snapshotting:
-            actions.append(self._deliver(seq, payload, False))
-            self._drain_pending(actions)
-            return actions
-        if seq - self.expected > self.max_gap and not self._bootstrapping:
-            return actions + self._discontinuity(seq, payload)
-        if len(self.pending) >= self.max_held:
-            # Holding more would let one stalled repair take unbounded memory. This batch is
-            # let go, not lost: it is fetched from replay (or reported) when the repair ends.
-            return actions
-        self.pending[seq] = payload
-        if self.repairing:
-            return actions
-        if self.has_replay:
-            return [*actions, self._request()]
-        self._give_up_to_next_pending(LossReason.NO_REPLAY, actions)
-        return actions
+    # -- a new sequence, a snapshot's end ----------------------------------------------------
 
     def _flush_old_generation(self, actions: list[Action]) -> None:
         """What was held from the old sequence still goes out, in order, with its holes named."""
-        while self.pending:
-            self._give_up_to_next_pending(LossReason.INTERRUPTED, actions)
-        self.repairing = False  # replies to an old request describe the old sequence
-        self._verifying = self._probing = False
-        self.snapshotting = self._bootstrapping = False
+        self.order.flush(LossReason.INTERRUPTED, actions)
+        self.state = IDLE  # replies to an old request describe the old sequence
         self.request_id += 1
 
     def _restart(self, seq: int, payload: bytes) -> list[Action]:
         """A seq at or below one already seen: a new publisher, whose sequence began at 0."""
         actions: list[Action] = []
         self._flush_old_generation(actions)
-        return actions + self._new_generation(seq, payload)
-
-    def _new_generation(self, seq: int, payload: bytes) -> list[Action]:
-        """Report the restart, then deliver the new sequence from its start: seq 0."""
-        assert self.expected is not None
-        actions: list[Action] = [Loss(self.expected, None, LossReason.RESTART, new_seq=0)]
-        self.expected = 0
-        self._last_payload = None
-        self.last_live = seq
-        if seq == 0:
-            actions.append(self._deliver(seq, payload, False))
+        if not self.order.restarted(seq, payload, actions):
             return actions
-        self.pending[seq] = payload  # batches 0..seq-1 went out before we heard this one
         if self.has_replay:
             actions.append(self._request())
         else:
-            self._give_up_to_next_pending(LossReason.NO_REPLAY, actions)
+            self.order.give_up_to_next_pending(LossReason.NO_REPLAY, actions)
         return actions
 
     def _discontinuity(self, seq: int, payload: bytes) -> list[Action]:
         """A jump no real gap explains (garbage, or a stream we cannot relate to ours)."""
         actions: list[Action] = []
         self._flush_old_generation(actions)
-        assert self.expected is not None
-        actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=seq))
-        actions.append(self._deliver(seq, payload, False))
-        return actions
-
-    def replayed(self, request_id: int, seq: int, payload: bytes) -> list[Action]:
-        actions: list[Action] = []
-        if request_id != self.request_id or not self.repairing:
-            return actions  # a reply to a request given up on
-        if self.silent:
-            self._heard(actions)
-        assert self.expected is not None
-        if seq > max(self.expected, self.last_live or 0) + self.max_gap:
-            return actions  # no replay buffer reaches that far ahead of the live stream
-        if self._verifying:
-            self._verifying = False
-            if seq == self.expected - 1:
-                if self._last_payload is None or payload == self._last_payload:
-                    return actions  # the same stream (as far as can be told): go on from here
-                return actions + self._replaced()
-        if seq < self.expected:
-            return actions
-        if seq > self.expected and self.snapshots:
-            # The buffer no longer holds what we miss: a snapshot stands in for it, and the
-            # rest of this replay (answering a request now given up on) is ignored.
-            return [*actions, self._request_snapshot(resumes_at=seq)]
-        self.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
-        # Replay skipping ahead means the buffer lost what came before, but not what we hold.
-        self._advance_to(seq, LossReason.EVICTED, actions)
-        actions.append(self._deliver(seq, payload, True))
-        self._drain_pending(actions)
+        self.order.jumped(seq, payload, actions)
         return actions
 
     def _replaced(self) -> list[Action]:
         """Replay holds a different batch where ours was: the publisher restarted and its new
-        sequence has already passed ours. The held live batches belong to the new sequence;
-        it is fetched from its start, and the rest of this reply describes it too."""
-        assert self.expected is not None
-        actions: list[Action] = [Loss(self.expected, None, LossReason.RESTART, new_seq=0)]
-        self.expected = 0
-        self._last_payload = None
-        # what was heard live of the old sequence says nothing of the new one's length
-        self.last_live = max(self.pending, default=None)
+        sequence has already passed ours. It is fetched from its start, and the rest of this
+        reply describes it too."""
+        actions: list[Action] = []
+        self.order.replaced(actions)
         actions.append(self._request())
         return actions
 
-    def snapshot_part(
-        self, request_id: int, next_seq: int, index: int, payload: bytes
-    ) -> list[Action]:
-        """One part of the snapshot asked for; it is delivered whole when the end comes."""
-        if request_id == self.request_id and self.snapshotting:
-            self.silent = False  # a part is an answer; the end marker reports it
-            if index != len(self._parts) or (self._parts and next_seq != self._snapshot_next):
-                self._parts_broken = True  # a part missing or from another snapshot
-            self._snapshot_next = next_seq
-            self._parts.append(payload)
-        return []
-
-    def _snapshot_ended(self) -> list[Action]:
-        self.repairing = self.snapshotting = False
-        bootstrap, self._bootstrapping = self._bootstrapping, False
-        if not self._parts:  # a publisher without snapshots ends the request at once
+    def _snapshot_ended(self, snapshot: Snapshotting) -> list[Action]:
+        """Deliver the parts as one snapshot (`Order.restore`) and ask for what was published
+        since. No parts: the publisher serves none (never ask again); broken parts: reported
+        undecodable. Both then go on as `_snapshot_failed`."""
+        if not snapshot.parts:  # a publisher without snapshots ends the request at once
             self.snapshots = False  # so later holes are reported without asking again
-            return self._snapshot_failed(LossReason.EVICTED, bootstrap)
-        if self._parts_broken:
-            self._parts = []
-            return self._snapshot_failed(LossReason.UNDECODABLE, bootstrap)
-        assert self.expected is not None
+            return self._snapshot_failed(snapshot, LossReason.EVICTED)
+        if snapshot.broken:
+            return self._snapshot_failed(snapshot, LossReason.UNDECODABLE)
         actions: list[Action] = []
-        after = self._snapshot_next
-        parts, self._parts = self._parts, []
-        if after < self.expected and not bootstrap:  # older than what we have: a new sequence
-            actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=after))
-            self.last_live = max((seq for seq in self.pending if seq >= after), default=None)
-        if after > 0 and (after != self.expected or bootstrap):
-            replaced = None if bootstrap or after < self.expected else self.expected
-            actions.append(DeliverSnapshot(after - 1, parts, replaced))
-        self.expected = after
-        self._last_payload = None  # the batch before `expected` was never seen on its own
-        for seq in [seq for seq in self.pending if seq < after]:
-            del self.pending[seq]
-        self._drain_pending(actions)
-        if self.pending or self._behind():
-            actions.append(self._request())  # what was published since the snapshot's seq
+        self.order.restore(snapshot.next_seq, snapshot.parts, snapshot.bootstrap, actions)
+        self._ask_if_missing(actions)  # what was published since the snapshot's seq
         return actions
 
-    def _snapshot_failed(self, reason: LossReason, bootstrap: bool) -> list[Action]:
-        """No snapshot: a bootstrap takes what replay still has, a repair reports its hole."""
-        if bootstrap:
+    def _snapshot_failed(self, snapshot: Snapshotting, reason: LossReason) -> list[Action]:
+        """No snapshot: a bootstrap takes what replay still has; a repair reports its hole and
+        fetches what follows it (from where replay went on, if known)."""
+        if snapshot.bootstrap:
             return [self._request()]
         actions: list[Action] = []
-        if self._resumes_at is not None:  # replay holds what follows the hole: fetch it again
-            self._advance_to(self._resumes_at, reason, actions)
+        if snapshot.resumes_at is not None:  # replay holds what follows the hole: fetch it again
+            self.order.advance_to(snapshot.resumes_at, reason, actions)
             return [*actions, self._request()]
-        self._give_up_to_next_pending(reason, actions)
-        if self.pending or self._behind():
-            actions.append(self._request())
-        return actions
-
-    def replay_ended(self, request_id: int) -> list[Action]:
-        """The end marker of the current request: ask again while progress is made, else
-        restore from a snapshot or report the holes. For a probe that got nothing at all (not
-        even our last batch), the publisher's sequence is behind ours: a restart."""
-        actions: list[Action] = []
-        if request_id != self.request_id or not self.repairing:
-            return actions
-        if self.silent:
-            self._heard(actions)
-        if self.snapshotting:
-            return actions + self._snapshot_ended()
-        probe, answered_nothing = self._probing, self._verifying
-        self.repairing = self._verifying = self._probing = False
-        assert self.expected is not None
-        if probe and answered_nothing:
-            return actions + self._replaced()
-        if not self.pending and not self._behind():
-            return actions
-        if self.expected != self._expected_at_request:
-            # Progress was made, but batches published after the request are still missing:
-            # ask again from where we are.
-            actions.append(self._request())
-            return actions
-        if self.snapshots:
-            return [*actions, self._request_snapshot()]  # what the buffer lost, a snapshot restores
-        self._give_up_to_next_pending(LossReason.EVICTED, actions)
-        if self.pending:
-            actions.append(self._request())  # a further hole, after the one just given up
-        elif self._behind():
-            self._give_up_tail(LossReason.EVICTED, actions)
-        return actions
-
-    def _give_up_tail(self, reason: LossReason, actions: list[Action]) -> None:
-        """Report what was heard live but let go of (the hold was full) and replay did not
-        give: from `expected` up to the last live batch."""
-        assert self.expected is not None and self.last_live is not None
-        actions.append(Loss(self.expected, self.last_live, reason))
-        self.expected = self.last_live + 1
-        self._last_payload = None
-
-    def replay_failed(
-        self, request_id: int, reason: LossReason = LossReason.REPLAY_TIMEOUT
-    ) -> list[Action]:
-        """The replay endpoint did not serve the request: what it should have filled is lost
-        (a probe's refusal proves the publisher alive; its silence is reported)."""
-        actions: list[Action] = []
-        if request_id != self.request_id or not self.repairing:
-            return actions
-        if self.snapshotting:
-            self.repairing = self.snapshotting = False
-            bootstrap, self._bootstrapping = self._bootstrapping, False
-            return self._snapshot_failed(reason, bootstrap)
-        probe = self._probing
-        self.repairing = self._verifying = self._probing = False
-        if probe and reason is LossReason.REFUSED:  # busy, not gone: repair what is missing
-            if self.silent:
-                self._heard(actions)
-            if self.pending or self._behind():
-                actions.append(self._request())
-            return actions
-        if probe and reason is LossReason.REPLAY_TIMEOUT and not self.silent:
-            self.silent = True
-            assert self.expected is not None
-            actions.append(Silence(True, self.expected - 1))
-        while self.pending:
-            self._give_up_to_next_pending(reason, actions)
-        if self._behind():
-            self._give_up_tail(reason, actions)
+        self.order.give_up_to_next_pending(reason, actions)
+        self._ask_if_missing(actions)
         return actions
