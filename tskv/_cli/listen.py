@@ -26,7 +26,8 @@ from tskv.core.events import (
     event_fields,
 )
 from tskv.core.sequencer import Loss, LossReason
-from tskv.shells.subscriber import Subscriber, open_subscriber, unreachable_reason
+from tskv.shells._reachability import unreachable_reason
+from tskv.shells.subscriber import Subscriber, open_subscriber
 
 
 def short_hash(value: int) -> str:

@@ -46,7 +46,7 @@ from tskv.core.events import (
     set_optional_fields,
 )
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 WireFormat = Literal["tokenspeed", "vllm"]
 WIRE_FORMATS: tuple[WireFormat, ...] = ("tokenspeed", "vllm")

@@ -19,7 +19,7 @@ from tskv.core.codec import WIRE_FORMATS, WireFormat
 from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.errors import TskvError
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 Validator = Any  # attrs' validator protocol, too loose to spell usefully
 

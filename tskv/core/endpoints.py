@@ -27,8 +27,8 @@ def check_endpoint(endpoint: str) -> str:
     if not rest:
         raise EndpointError(f"endpoint {endpoint!r} names no address after {transport}://")
     if transport == "tcp":
-        host, sep, port = rest.rpartition(":")
-        if not sep or not host:
+        host, port = host_and_port(endpoint)
+        if port is None or not host:
             raise EndpointError(
                 f"endpoint {endpoint!r} has no host:port; write for example tcp://127.0.0.1:5557"
             )
@@ -40,11 +40,29 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+def host_and_port(endpoint: str) -> tuple[str, str | None]:
+    """A tcp endpoint's host (as written, brackets kept) and port (None when there is no
+    `:`): the one place a tcp address is taken apart."""
+    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+    return (host, port) if sep else (port, None)
+
+
 def tcp_host(endpoint: str) -> str | None:
     """The host of a tcp endpoint, brackets removed (`[::1]` -> `::1`); None for ipc/inproc."""
     if not endpoint.startswith("tcp://"):
         return None
-    return endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
+    return host_and_port(endpoint)[0].strip("[]")
+
+
+def is_host_name(host: str) -> bool:
+    """Whether `host` (brackets removed) is a name to resolve, not an address or a wildcard."""
+    if host in ("*", ""):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
 
 
 def on_this_machine(endpoint: str) -> bool:
@@ -58,8 +76,13 @@ def on_this_machine(endpoint: str) -> bool:
         return False
 
 
-def should_bind(endpoint: str) -> bool:
-    """Whether the publisher binds `endpoint` (a wildcard or local transport) or connects to it."""
+def should_bind(endpoint: str, *, subscriber: bool = False) -> bool:
+    """Whether a publisher binds `endpoint` (a wildcard or a local transport, TokenSpeed's
+    rule) or connects to it. A subscriber binds only a wildcard: a publisher that connects
+    out (no `*` in its endpoint) needs a subscriber that binds, and any other address means
+    "connect to the publisher"."""
+    if subscriber:
+        return "*" in endpoint
     return (
         "*" in endpoint
         or "::" in endpoint
@@ -93,10 +116,10 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
             f"cannot offset endpoint {endpoint!r} for dp_rank {dp_rank}: only tcp:// and "
             "inproc:// endpoints can be offset by rank"
         )
-    head, sep, port = endpoint.rpartition(":")
-    if sep and head != "tcp" and port == "*":
+    host, port = host_and_port(endpoint)
+    if host and port == "*":
         return endpoint
-    if not sep or head == "tcp" or not port.isdigit():
+    if not host or port is None or not port.isdigit():
         raise EndpointError(
             f"cannot offset endpoint {endpoint!r} for dp_rank {dp_rank}: it has no numeric "
             "port; write tcp://HOST:PORT (0 lets the OS choose)"
@@ -109,4 +132,4 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
             f"endpoint {endpoint!r} with dp_rank {dp_rank} would use port {base + dp_rank}, "
             "past 65535; choose a lower base port"
         )
-    return f"{head}:{base + dp_rank}"
+    return f"tcp://{host}:{base + dp_rank}"

@@ -15,7 +15,7 @@ import zmq.utils.z85
 
 from tskv.core.endpoints import on_this_machine
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 
 def zap_reply(request: list[bytes], allowed: frozenset[bytes] | None) -> tuple[list[bytes], bool]:

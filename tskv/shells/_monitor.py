@@ -20,7 +20,7 @@ from zmq.utils.monitor import parse_monitor_message
 from tskv.shells._ratelimit import LogLimiter
 from tskv.shells._trio_zmq import TrioSocket
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 _FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 
 class LogLimiter:

@@ -17,7 +17,7 @@ import trio
 
 from tskv.core.errors import TskvError
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 V = TypeVar("V")

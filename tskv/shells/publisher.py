@@ -42,7 +42,7 @@ from tskv.shells._ratelimit import LogLimiter
 from tskv.shells._trio_zmq import TrioSocket, open_socket
 from tskv.shells._zap import ZapHandler
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 Queued = tuple[bytes, Sequence[KVEvent]]  # a batch's payload, and its events for the state
 SEND_BURST = 1024  # batches sent between two checkpoints of the publish task

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,7 +22,7 @@ import zmq
 from tskv.core import frames
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.codec import SEEN, WireError, decode_batch
-from tskv.core.endpoints import check_endpoint, tcp_host
+from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.events import KVEvent, KVEventBatch, UnknownEvent
 from tskv.core.sequencer import (
     MAX_HELD,
@@ -34,23 +32,33 @@ from tskv.core.sequencer import (
     Loss,
     LossReason,
     RequestReplay,
-    RequestSnapshot,
     Sequencer,
     Silence,
 )
 from tskv.curve.security import ClientSecurity
 from tskv.shells._background import Pacer, background_tasks
 from tskv.shells._constructor import NoPublicConstructor
+from tskv.shells._inbox import (
+    BadFrames,
+    Inbound,
+    Live,
+    Quiet,
+    Replayed,
+    ReplayFailed,
+    Request,
+    SnapshotPart,
+)
 from tskv.shells._monitor import SocketMonitor
 from tskv.shells._ratelimit import LogLimiter
+from tskv.shells._reachability import warn_if_unanswered
+from tskv.shells._replay_client import ReplayClient
 from tskv.shells._trio_zmq import TrioSocket, attach
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
 LIVE_BURST = 64  # live messages taken off the socket in one go
 MAX_TYPES_LOGGED = 64  # unknown event types named in the log; a peer could invent any number
-REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
 SERVER_HINT = (
     "check that curve_server_key is this publisher's public key and that the publisher "
     "allows this subscriber's key (or speaks clear text if you gave no key)"
@@ -79,45 +87,6 @@ class SubscriberStatistics:
     silent: bool  # the publisher is silent right now: its view is not to be trusted
 
 
-@attrs.frozen
-class _Live:
-    """Live messages as they came off the SUB socket, as many as were waiting at once."""
-
-    messages: list[list[bytes]]
-
-
-@attrs.frozen
-class _Replayed:
-    request_id: int
-    reply: frames.ReplayReply
-
-
-@attrs.frozen
-class _SnapshotPart:
-    request_id: int
-    part: frames.SnapshotPart
-
-
-@attrs.frozen
-class _ReplayFailed:
-    request_id: int
-    reason: LossReason
-
-
-@attrs.frozen
-class _BadFrames:
-    error: str
-
-
-@attrs.frozen
-class _Quiet:
-    """No live message for the quiet interval."""
-
-
-_Inbound = _Live | _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames | _Quiet
-Request = RequestReplay | RequestSnapshot
-
-
 def _log_loss(loss: Loss) -> None:
     if loss.reason is LossReason.RESTART:
         logger.warning(
@@ -141,12 +110,12 @@ class Subscriber(metaclass=NoPublicConstructor):
     def __init__(
         self,
         sequencer: Sequencer,
-        inbox: trio.MemoryReceiveChannel[_Inbound],
+        inbox: trio.MemoryReceiveChannel[Inbound],
         requests: trio.MemorySendChannel[Request],
         on_loss: Callable[[Loss], object] | None,
         endpoint: str,
         monitors: list[SocketMonitor],
-        replay: _ReplayClient | None,
+        replay: ReplayClient | None,
         on_silence: Callable[[bool], object] | None = None,
     ) -> None:
         self.endpoint = endpoint  # as really bound, when the subscriber binds
@@ -241,7 +210,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 raise StopAsyncIteration from None
             self._pacer.waited()
-            if isinstance(inbound, _Live):
+            if isinstance(inbound, Live):
                 for message in inbound.messages:
                     self._apply(self._take_live(message))
             else:
@@ -293,26 +262,26 @@ class Subscriber(metaclass=NoPublicConstructor):
         try:
             _, seq, payload = frames.parse_live_message(message)
         except frames.FrameError as exc:
-            return self._feed(_BadFrames(str(exc)))
+            return self._feed(BadFrames(str(exc)))
         return self._sequencer.live(seq, payload)
 
     def _feed(
-        self, inbound: _Replayed | _SnapshotPart | _ReplayFailed | _BadFrames | _Quiet
+        self, inbound: Replayed | SnapshotPart | ReplayFailed | BadFrames | Quiet
     ) -> list[Action]:
-        if isinstance(inbound, _SnapshotPart):
+        if isinstance(inbound, SnapshotPart):
             part = inbound.part
             return self._sequencer.snapshot_part(
                 inbound.request_id, part.next_seq, part.index, part.payload
             )
-        if isinstance(inbound, _Replayed):
+        if isinstance(inbound, Replayed):
             if inbound.reply.is_end:
                 return self._sequencer.replay_ended(inbound.request_id)
             return self._sequencer.replayed(
                 inbound.request_id, inbound.reply.seq, inbound.reply.payload
             )
-        if isinstance(inbound, _ReplayFailed):
+        if isinstance(inbound, ReplayFailed):
             return self._sequencer.replay_failed(inbound.request_id, inbound.reason)
-        if isinstance(inbound, _Quiet):
+        if isinstance(inbound, Quiet):
             return self._sequencer.quiet()
         self._undecodable += 1
         self._bad_log.warning("ignoring a message that is not a KV event batch: %s", inbound.error)
@@ -363,7 +332,7 @@ class _LastHeard:
 
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
 async def _read_live(
-    sub: TrioSocket, inbox: trio.MemorySendChannel[_Inbound], heard: _LastHeard
+    sub: TrioSocket, inbox: trio.MemorySendChannel[Inbound], heard: _LastHeard
 ) -> None:
     """Move live messages from the socket to the inbox, every one waiting at once together.
     Sending to the inbox is a checkpoint; a wake-up that finds nothing makes its own, so the
@@ -373,14 +342,14 @@ async def _read_live(
         messages = sub.receive_waiting(LIVE_BURST)
         if messages:
             heard.at = trio.current_time()
-            await inbox.send(_Live(messages))
+            await inbox.send(Live(messages))
         else:  # EVENTS said a message was there and none was: never spin without yielding
             await trio.lowlevel.checkpoint()
 
 
 @trio.lowlevel.enable_ki_protection
 async def _probe_when_quiet(
-    heard: _LastHeard, interval: float, inbox: trio.MemorySendChannel[_Inbound]
+    heard: _LastHeard, interval: float, inbox: trio.MemorySendChannel[Inbound]
 ) -> None:
     """Say when the live stream has been quiet for `interval`, and again each interval it stays
     so: the sequencer then asks replay what it missed. A busy stream costs one clock read per
@@ -389,165 +358,7 @@ async def _probe_when_quiet(
         await trio.sleep_until(heard.at + interval)
         if trio.current_time() >= heard.at + interval:
             heard.at = trio.current_time()  # the next probe one interval after this one
-            await inbox.send(_Quiet())
-
-
-class _ReplayClient:
-    """Owns the DEALER; a timed-out request's socket is replaced, so late replies die with it."""
-
-    def __init__(
-        self,
-        context: zmq.Context[zmq.Socket[bytes]],
-        endpoint: str,
-        timeout: float,
-        inbox: trio.MemorySendChannel[_Inbound],
-        security: ClientSecurity | None,
-        probe_timeout: float,
-        topic: bytes = b"",
-    ) -> None:
-        self._topic = topic
-        self._security = security
-        self._context = context
-        self._endpoint = endpoint
-        self._timeout = timeout
-        self._probe_timeout = probe_timeout
-        self._inbox = inbox
-        self.refusals = 0
-        self._dealer = self._open()
-
-    def _open(self) -> TrioSocket:
-        sock = self._context.socket(zmq.DEALER)
-        try:
-            sock.setsockopt(zmq.RCVHWM, 0)  # a replay is bounded by the publisher's buffer
-            if self._security is not None:
-                self._security.apply(sock)
-            attach(sock, self._endpoint, bind=False)
-        except BaseException:
-            sock.close(linger=0)
-            raise
-        return TrioSocket(sock)
-
-    def close(self) -> None:
-        self._dealer.close()
-
-    @trio.lowlevel.enable_ki_protection
-    async def run(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
-        async for request in requests:
-            await self._serve(request, requests)
-
-    async def _serve(self, request: Request, requests: trio.MemoryReceiveChannel[Request]) -> None:
-        if isinstance(request, RequestSnapshot):
-            asking = frames.snapshot_request()
-        else:
-            asking = frames.replay_request(request.start_seq)
-        await self._dealer.send(asking)
-        probe = isinstance(request, RequestReplay) and request.probe
-        timeout = self._probe_timeout if probe else self._timeout
-        backoff, longest = REFUSAL_BACKOFF
-        refused_since: float | None = None
-        while True:
-            # Only the endpoint's silence counts against the timeout, not a slow consumer.
-            with trio.move_on_after(timeout) as waiting:
-                message = await self._dealer.receive()
-            if waiting.cancelled_caught:
-                if not probe:  # a silent probe is reported as the publisher's silence
-                    logger.warning(
-                        "replay endpoint %s sent nothing for %.1f s", self._endpoint, timeout
-                    )
-                self._replace_dealer()
-                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REPLAY_TIMEOUT))
-                return
-            try:
-                reply = frames.parse_replay_reply(message)
-            except frames.FrameError as exc:
-                await self._inbox.send(_BadFrames(f"replay reply: {exc}"))
-                continue
-            if isinstance(reply, frames.SnapshotPart):
-                await self._inbox.send(_SnapshotPart(request.request_id, reply))
-                continue
-            unsubscribed = reply.topic is not None and not reply.topic.startswith(self._topic)
-            if unsubscribed and not reply.is_end:
-                continue  # a topic not subscribed to: filtered as the SUB socket filters
-            if reply.refusal is None:
-                await self._inbox.send(_Replayed(request.request_id, reply))
-                if reply.is_end:
-                    return
-                continue
-            # Refused for now (the publisher's rate or concurrency limit): not "nothing
-            # buffered". Ask again, later and later, until the timeout says give up; a refused
-            # probe has learned what it asked (the publisher is there), and ends.
-            self.refusals += 1
-            if probe:
-                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REFUSED))
-                return
-            now = trio.current_time()
-            refused_since = now if refused_since is None else refused_since
-            if now - refused_since + backoff > self._timeout:
-                logger.warning(
-                    "replay endpoint %s kept refusing for %.1f s: %s",
-                    self._endpoint,
-                    self._timeout,
-                    reply.refusal,
-                )
-                await self._inbox.send(_ReplayFailed(request.request_id, LossReason.REFUSED))
-                return
-            await trio.sleep(backoff * random.uniform(0.5, 1.0))
-            if requests.statistics().current_buffer_used:
-                return  # a newer request supersedes this one
-            backoff = min(backoff * 2, longest)
-            await self._dealer.send(asking)
-
-    def _replace_dealer(self) -> None:
-        self._dealer.close()
-        self._dealer = self._open()
-
-
-@trio.lowlevel.enable_ki_protection
-async def _warn_if_unanswered(endpoint: str, monitor: SocketMonitor, after: float) -> None:
-    """A publisher that never answers (a wrong address, a host that does not resolve, a
-    handshake that keeps failing) would otherwise leave the subscriber silent forever."""
-    with trio.move_on_after(after):
-        await monitor.answered.wait()
-        return
-    problem = await unreachable_reason(endpoint)
-    logger.warning(
-        "no publisher has answered on %s for %g s (still trying): %s",
-        endpoint,
-        after,
-        problem or "check the address and that the publisher is running",
-    )
-
-
-IPC_PATH_LIMIT = 107  # bytes a Unix socket path may have (sun_path, less its final NUL)
-
-
-def ipc_problem(endpoint: str) -> str | None:
-    """Why an ipc endpoint's path can never be used: its folder is missing, or it is too long
-    for a Unix socket. ZeroMQ would otherwise retry it forever without a word."""
-    path = endpoint[len("ipc://") :]
-    if path.startswith("@"):  # Linux's abstract namespace: no file, no folder
-        return None
-    if len(path.encode()) > IPC_PATH_LIMIT:
-        return f"ipc path {path!r} is longer than {IPC_PATH_LIMIT} bytes; use a shorter path"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"folder {folder!r} of ipc path {path!r} does not exist; create it first"
-    return None
-
-
-async def unreachable_reason(endpoint: str) -> str | None:
-    """Why `endpoint` cannot be reached, when that can be told without connecting: a tcp
-    host name that does not resolve, an ipc path that cannot exist."""
-    if endpoint.startswith("ipc://"):
-        return ipc_problem(endpoint)
-    host = tcp_host(endpoint)
-    if host is None or host in ("*", "") or host.replace(".", "").isdigit() or ":" in host:
-        return None
-    try:
-        await trio.socket.getaddrinfo(host, None)
-    except OSError as exc:
-        return f"host {host!r} does not resolve ({exc.strerror or exc})"
-    return None
+            await inbox.send(Quiet())
 
 
 @asynccontextmanager
@@ -625,21 +436,19 @@ async def open_subscriber(
         if security is not None:
             security.apply(sock)
         monitor = SocketMonitor(sock, f"subscriber {endpoint}", SERVER_HINT)
-        # Bind only to a wildcard: a publisher that connects out (no * in its endpoint) needs a
-        # subscriber that binds, and an explicit address means "connect to the publisher".
-        binds = "*" in endpoint
+        binds = should_bind(endpoint, subscriber=True)
         address = attach(sock, endpoint, bind=binds)
     except BaseException:
         sock.close(linger=0)
         raise
     sub = TrioSocket(sock)
-    inbox_send, inbox_receive = trio.open_memory_channel[_Inbound](INBOX_SIZE)
+    inbox_send, inbox_receive = trio.open_memory_channel[Inbound](INBOX_SIZE)
     requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
-    replay: _ReplayClient | None = None
+    replay: ReplayClient | None = None
     try:
         if replay_endpoint is not None:
             probe_timeout = min(replay_timeout, quiet_interval or replay_timeout)
-            replay = _ReplayClient(
+            replay = ReplayClient(
                 context,
                 replay_endpoint,
                 replay_timeout,
@@ -656,7 +465,7 @@ async def open_subscriber(
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
             if not binds:
-                nursery.start_soon(_warn_if_unanswered, endpoint, monitor, warn_unanswered_after)
+                nursery.start_soon(warn_if_unanswered, endpoint, monitor, warn_unanswered_after)
             nursery.start_soon(_read_live, sub, inbox_send, heard)
             if replay is not None:
                 nursery.start_soon(replay.run, requests_receive)

@@ -39,7 +39,7 @@ from tskv.shells.publisher import (
     open_publisher,
 )
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 _DEFAULTS = KVEventsConfig()  # TokenSpeed's positional defaults are the config's, defined once
 
 

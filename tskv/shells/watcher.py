@@ -27,7 +27,7 @@ from tskv.core.sequencer import Loss, LossReason
 from tskv.shells._background import background_tasks
 from tskv.shells.subscriber import open_subscriber
 
-logger = logging.getLogger("tskv")
+logger = logging.getLogger(__name__)
 
 RETRY_BACKOFF = (0.5, 10.0)  # first and longest wait before a failed worker is tried again
 

@@ -1,0 +1,111 @@
+"""The subscriber's replay client: the task that owns the DEALER socket, sends each request
+the Sequencer makes and puts the replies in the inbox. How long to wait, when to ask a refusing
+publisher again and when to give up is `tskv.core.replay_retry`'s to say."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+import zmq
+
+from tskv.core import frames
+from tskv.core.replay_retry import GiveUp, ReplayAttempt
+from tskv.core.sequencer import RequestReplay, RequestSnapshot
+from tskv.curve.security import ClientSecurity
+from tskv.shells._inbox import BadFrames, Inbound, Replayed, ReplayFailed, Request, SnapshotPart
+from tskv.shells._trio_zmq import TrioSocket, attach
+
+logger = logging.getLogger(__name__)
+
+
+class ReplayClient:
+    """Owns the DEALER; a timed-out request's socket is replaced, so late replies die with it."""
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        timeout: float,
+        inbox: trio.MemorySendChannel[Inbound],
+        security: ClientSecurity | None,
+        probe_timeout: float,
+        topic: bytes = b"",
+    ) -> None:
+        self._topic = topic
+        self._security = security
+        self._context = context
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._probe_timeout = probe_timeout
+        self._inbox = inbox
+        self.refusals = 0
+        self._dealer = self._open()
+
+    def _open(self) -> TrioSocket:
+        sock = self._context.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.RCVHWM, 0)  # a replay is bounded by the publisher's buffer
+            if self._security is not None:
+                self._security.apply(sock)
+            attach(sock, self._endpoint, bind=False)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        return TrioSocket(sock)
+
+    def close(self) -> None:
+        self._dealer.close()
+
+    @trio.lowlevel.enable_ki_protection
+    async def run(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        async for request in requests:
+            await self._serve(request, requests)
+
+    async def _serve(self, request: Request, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        if isinstance(request, RequestSnapshot):
+            asking = frames.snapshot_request()
+        else:
+            asking = frames.replay_request(request.start_seq)
+        await self._dealer.send(asking)
+        probe = isinstance(request, RequestReplay) and request.probe
+        attempt = ReplayAttempt(self._endpoint, self._timeout, probe, self._probe_timeout)
+        while True:
+            with trio.move_on_after(attempt.wait) as waiting:
+                message = await self._dealer.receive()
+            if waiting.cancelled_caught:
+                await self._give_up(request, attempt.timed_out())
+                return
+            try:
+                reply = frames.parse_replay_reply(message)
+            except frames.FrameError as exc:
+                await self._inbox.send(BadFrames(f"replay reply: {exc}"))
+                continue
+            if isinstance(reply, frames.SnapshotPart):
+                await self._inbox.send(SnapshotPart(request.request_id, reply))
+                continue
+            unsubscribed = reply.topic is not None and not reply.topic.startswith(self._topic)
+            if unsubscribed and not reply.is_end:
+                continue  # a topic not subscribed to: filtered as the SUB socket filters
+            if reply.refusal is None:
+                await self._inbox.send(Replayed(request.request_id, reply))
+                if reply.is_end:
+                    return
+                continue
+            self.refusals += 1
+            decision = attempt.refused(trio.current_time(), reply.refusal)
+            if isinstance(decision, GiveUp):
+                await self._give_up(request, decision)
+                return
+            await trio.sleep(decision.after)
+            if requests.statistics().current_buffer_used:
+                return  # a newer request supersedes this one
+            await self._dealer.send(asking)
+
+    async def _give_up(self, request: Request, decision: GiveUp) -> None:
+        if decision.warning is not None:
+            logger.warning("%s", decision.warning)
+        if decision.new_socket:
+            self._dealer.close()
+            self._dealer = self._open()
+        await self._inbox.send(ReplayFailed(request.request_id, decision.reason))
