@@ -23,7 +23,8 @@ import trio
 from tskv.core.endpoints import check_endpoint
 from tskv.core.events import KVEventBatch
 from tskv.core.prefix_index import PrefixIndex, Worker
-from tskv.core.sequencer import Loss, LossReason
+from tskv.core.sequencer import Loss
+from tskv.core.worker_view import ViewChange, WorkerView
 from tskv.shells._background import background_tasks
 from tskv.shells.subscriber import open_subscriber
 
@@ -32,9 +33,9 @@ logger = logging.getLogger(__name__)
 RETRY_BACKOFF = (0.5, 10.0)  # first and longest wait before a failed worker is tried again
 
 
-@attrs.define
+@attrs.frozen
 class WorkerStatus:
-    """How one watched worker is doing."""
+    """How one watched worker is doing, at the moment `Watcher.status` was asked."""
 
     endpoint: str
     replay_endpoint: str | None
@@ -48,11 +49,31 @@ class WorkerStatus:
 
 @attrs.define
 class _Watched:
-    status: WorkerStatus
+    """A watched worker's task state; `Watcher.status` hands out a frozen copy."""
+
+    endpoint: str
+    replay_endpoint: str | None
     scope: trio.CancelScope
     options: dict[str, Any]
-    from_start: bool = True  # the next delivery may be seq 0 of a whole stream
-    stale_for_silence: bool = False  # stale only because the publisher went silent
+    view: WorkerView = attrs.Factory(WorkerView)
+    batches: int = 0
+    losses: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    last_seq: int | None = None
+    silent: bool = False
+
+    def status(self) -> WorkerStatus:
+        return WorkerStatus(
+            self.endpoint,
+            self.replay_endpoint,
+            self.batches,
+            self.losses,
+            self.failures,
+            self.last_error,
+            self.last_seq,
+            self.silent,
+        )
 
 
 class Watcher:
@@ -92,7 +113,7 @@ class Watcher:
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
         options = {**self._options, **subscriber_options}
-        watched = _Watched(WorkerStatus(endpoint, replay_endpoint), trio.CancelScope(), options)
+        watched = _Watched(endpoint, replay_endpoint, trio.CancelScope(), options)
         self._watched[worker] = watched
         self.index.mark_stale(worker)
         self._nursery.start_soon(self._follow, worker, watched)
@@ -105,7 +126,16 @@ class Watcher:
         self.index.remove_worker(worker)
 
     def status(self, worker: Worker) -> WorkerStatus:
-        return self._watched[worker].status
+        return self._watched[worker].status()
+
+    def _change(self, worker: Worker, changes: tuple[ViewChange, ...]) -> None:
+        for change in changes:
+            if change is ViewChange.CLEAR:
+                self.index.clear_worker(worker)
+            elif change is ViewChange.STALE:
+                self.index.mark_stale(worker)
+            else:
+                self.index.mark_current(worker)
 
     @property
     def workers(self) -> list[Worker]:
@@ -114,78 +144,66 @@ class Watcher:
     async def wait_for_seq(self, worker: Worker, seq: int) -> None:
         """Wait until `worker`'s batch `seq` (or a later one) has been applied to the index."""
         while True:
-            last = self._watched[worker].status.last_seq
+            last = self._watched[worker].last_seq
             if last is not None and last >= seq:
                 return
             await self._changed.park()
 
     async def wait_for_loss(self, worker: Worker, count: int = 1) -> None:
         """Wait until `count` losses of `worker` have been reported."""
-        while self._watched[worker].status.losses < count:
+        while self._watched[worker].losses < count:
             await self._changed.park()
 
     async def wait_for_silence(self, worker: Worker, silent: bool = True) -> None:
         """Wait until `worker`'s publisher is silent (or, with `silent=False`, answers)."""
-        while self._watched[worker].status.silent != silent:
+        while self._watched[worker].silent != silent:
             await self._changed.park()
 
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
     async def _follow(self, worker: Worker, watched: _Watched) -> None:
-        status = watched.status
         backoff, longest = RETRY_BACKOFF
         with watched.scope:
             while True:
                 try:
                     await self._subscribe(worker, watched)
                 except Exception as exc:  # one worker's failure is its own
-                    status.failures += 1
-                    status.last_error = f"{type(exc).__name__}: {exc}"
+                    watched.failures += 1
+                    watched.last_error = f"{type(exc).__name__}: {exc}"
                     logger.warning(
                         "watching %r on %s failed (%s); trying again in %.1f s",
                         worker,
-                        status.endpoint,
-                        status.last_error,
+                        watched.endpoint,
+                        watched.last_error,
                         backoff,
                     )
                 if worker not in self._watched:
                     return
-                self.index.mark_stale(worker)  # what it missed meanwhile is unknown
-                watched.from_start = True
+                self._change(worker, watched.view.resubscribed())
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, longest)
 
     async def _subscribe(self, worker: Worker, watched: _Watched) -> None:
-        status = watched.status
-        start: Literal["snapshot"] | None = "snapshot" if status.replay_endpoint else None
+        start: Literal["snapshot"] | None = "snapshot" if watched.replay_endpoint else None
 
         def on_loss(loss: Loss) -> None:
-            status.losses += 1
+            watched.losses += 1
             self._changed.unpark_all()
             if worker not in self._watched:
                 return
             if self._on_loss is not None:
                 self._on_loss(worker, loss)
-            if loss.reason is LossReason.RESTART:
-                self.index.clear_worker(worker)  # a restarted engine's cache starts empty
-                watched.from_start = True
-            watched.stale_for_silence = False  # only a repair makes this view whole again
-            self.index.mark_stale(worker)
+            self._change(worker, watched.view.lost(loss))
 
         def on_silence(silent: bool) -> None:
-            status.silent = silent
+            watched.silent = silent
             self._changed.unpark_all()
             if worker not in self._watched:
                 return
-            if silent and worker not in self.index.stale:
-                watched.stale_for_silence = True
-                self.index.mark_stale(worker)  # it may be gone: route nothing on its word
-            elif not silent and watched.stale_for_silence:
-                watched.stale_for_silence = False
-                self.index.mark_current(worker)  # it answers, and nothing was lost meanwhile
+            self._change(worker, watched.view.silence(silent, worker in self.index.stale))
 
         async with open_subscriber(
-            status.endpoint,
-            status.replay_endpoint,
+            watched.endpoint,
+            watched.replay_endpoint,
             start_seq=start,
             on_loss=on_loss,
             on_silence=on_silence,
@@ -198,12 +216,10 @@ class Watcher:
         if worker not in self._watched:
             return  # removed while this batch was on its way
         self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
-        if watched.from_start:
-            watched.from_start = False
-            if seq == 0:
-                self.index.mark_current(worker)  # followed from the stream's very start
-        watched.status.batches += 1
-        watched.status.last_seq = seq
+        if watched.view.from_start:
+            self._change(worker, watched.view.delivered(seq))
+        watched.batches += 1
+        watched.last_seq = seq
         self._changed.unpark_all()
 
 
