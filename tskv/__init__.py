@@ -14,6 +14,7 @@ from tskv.core.events import (
     UnknownEvent,
 )
 from tskv.core.prefix_index import Match, PrefixIndex
+from tskv.core.replay_server import ReplayStatistics
 from tskv.core.scheduler import (
     drain_scheduler_kv_events,
     foreign_event_to_wire_event,
@@ -59,6 +60,7 @@ __all__ = [
     "PublisherClosedError",
     "PublisherFailedError",
     "PublisherStatistics",
+    "ReplayStatistics",
     "Subscriber",
     "SubscriberStatistics",
     "TskvError",

@@ -25,11 +25,12 @@ import trio
 import zmq
 
 from tskv.core import frames
-from tskv.core.codec import WireFormat, encode_batch
+from tskv.core.codec import encode_batch
 from tskv.core.config import KVEventsConfig, did_you_mean
 from tskv.core.endpoints import LOOPBACK, on_this_machine
 from tskv.core.events import KVEvent, KVEventBatch
 from tskv.core.snapshot import CacheState, SnapshotBuilder
+from tskv.core.wire_format import WireFormat
 from tskv.shells._background import background_tasks
 from tskv.shells._trio_thread import TrioThread
 from tskv.shells._trio_zmq import TrioSocket, open_socket

@@ -80,7 +80,7 @@ def test_a_request_gets_every_batch_from_its_start_then_the_end_marker() -> None
     assert seqs(sent, b"a") == [4, 5, 6, 7, 8, 9, None]
     assert sent[0].frames == [b"a", b"", (4).to_bytes(8, "big"), b"p4"]
     assert sent[-1].frames == [b"a", b"", END_FRAME, b""]
-    stats = replay.statistics
+    stats = replay.statistics()
     assert (stats.requests, stats.completed, stats.batches) == (1, 1, 6)
     assert replay.wait_time() is None  # nothing left to do
 
@@ -131,7 +131,7 @@ def test_asking_again_replaces_the_running_replay() -> None:
     replay.sent(first)
     ask(replay, b"a", 98)
     assert seqs(drain(replay), b"a") == [98, 99, None]
-    assert replay.statistics.completed == 1
+    assert replay.statistics().completed == 1
 
 
 def test_evicted_while_replaying_is_skipped_so_the_client_sees_the_hole() -> None:
@@ -158,7 +158,7 @@ def test_a_full_pipe_is_retried_later_and_a_client_that_takes_nothing_is_abandon
     clock.now += 2.5  # nothing taken for longer than the client timeout
     abandoned = replay.blocked(again)
     assert abandoned is not None and abandoned.next_seq == 0 and "2 s" in abandoned.why
-    assert replay.statistics.abandoned == 1 and replay.active == 0
+    assert replay.statistics().abandoned == 1 and replay.active == 0
 
 
 def test_a_client_that_left_is_abandoned_at_once() -> None:
@@ -168,7 +168,7 @@ def test_a_client_that_left_is_abandoned_at_once() -> None:
     assert out is not None
     abandoned = replay.gone(out)
     assert abandoned is not None and "left" in abandoned.why
-    assert replay.next_send() is None and replay.statistics.abandoned == 1
+    assert replay.next_send() is None and replay.statistics().abandoned == 1
 
 
 def test_invalid_requests_are_counted_and_answered_with_nothing() -> None:
@@ -176,7 +176,7 @@ def test_invalid_requests_are_counted_and_answered_with_nothing() -> None:
     received = replay.receive([b"a", b"no delimiter"], Peer(b"a"))
     assert received.outcome is Outcome.INVALID and "replay request must be" in received.detail
     assert replay.next_send() is None
-    assert (replay.statistics.invalid, replay.statistics.requests) == (1, 0)
+    assert (replay.statistics().invalid, replay.statistics().requests) == (1, 0)
 
 
 def test_the_rate_limit_refuses_with_a_reason_the_client_can_read() -> None:
@@ -189,14 +189,14 @@ def test_the_rate_limit_refuses_with_a_reason_the_client_can_read() -> None:
     assert reply.is_end and reply.refusal is not None and "2 requests/s" in reply.refusal
     clock.now += 1.0  # two tokens back
     assert [ask(replay, b"a", 0) for _ in range(3)] == [Outcome.SERVED] * 2 + [Outcome.REFUSED]
-    assert (replay.statistics.requests, replay.statistics.refused) == (13, 8)
+    assert (replay.statistics().requests, replay.statistics().refused) == (13, 8)
 
 
 def test_concurrency_is_capped_and_refusal_markers_are_bounded() -> None:
     replay, _, _ = server(batches=5, replay_max_concurrent=2, replay_burst=10**6)
     outcomes = [ask(replay, f"c{n}".encode(), 0) for n in range(2 + 2 * MAX_ONE_OFFS)]
     assert outcomes.count(Outcome.SERVED) == 2
-    assert replay.statistics.refused == 2 * MAX_ONE_OFFS
+    assert replay.statistics().refused == 2 * MAX_ONE_OFFS
     markers = [out for out in drain(replay) if out.seq is None and out.frames[-1]]
     assert len(markers) == MAX_ONE_OFFS  # a flood cannot queue unbounded refusals
 
@@ -281,12 +281,12 @@ def test_every_client_sees_increasing_buffered_seqs_and_every_job_ends_once(
                     ended += 1
                     live.discard(out.client)
         assert replay.active == len(live) <= 2
-    stats = replay.statistics
+    stats = replay.statistics()
     assert stats.completed == ended
     assert stats.superseded == replaced + cut_short
     # Every request ends exactly one way, or is still going.
     ends = stats.refused + stats.completed + stats.abandoned + stats.superseded
-    assert ends + replay.active == stats.requests
+    assert ends + stats.running == stats.requests
 
 
 # -- snapshots --------------------------------------------------------------------------------
@@ -326,7 +326,7 @@ def test_a_snapshot_request_gets_its_parts_then_the_end_marker() -> None:
     assert events[0] == AllBlocksCleared()
     assert [h for e in events[1:] for h in e.block_hashes] == list(range(10))  # type: ignore[union-attr]
     assert sent[-1].frames == [b"a", b"", END_FRAME, b""]
-    stats = replay.statistics
+    stats = replay.statistics()
     assert (stats.requests, stats.snapshots, stats.completed, stats.snapshots_completed) == (
         1,
         1,

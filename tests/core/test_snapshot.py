@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, decode_batch
-from tskv.core.codec import WireFormat, encode_round
+from tskv.core.codec import encode_round
 from tskv.core.snapshot import CacheState, SnapshotBuilder
+from tskv.core.wire_format import WireFormat
 
 BLOCK = 2
 Key = tuple[str | None, int]  # (medium, hash)

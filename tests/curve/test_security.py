@@ -154,7 +154,7 @@ async def test_a_key_not_allowed_gets_nothing_and_no_replay(keys: dict[str, Path
         )
         stats = publisher.statistics()
     assert seqs == []
-    assert stats.replay_requests == 0 and stats.batches_replayed == 0
+    assert stats.replay.requests == 0 and stats.replay.batches == 0
     assert stats.clients_refused >= 1
 
 
@@ -164,7 +164,7 @@ async def test_a_subscriber_without_keys_gets_nothing(keys: dict[str, Path]) -> 
             await publisher.publish(ev(n))
         seqs, _ = await _receives_nothing(publisher, curve_server_key=str(keys["server_public"]))
         stats = publisher.statistics()
-    assert seqs == [] and stats.replay_requests == 0  # an ephemeral key is not on the list
+    assert seqs == [] and stats.replay.requests == 0  # an ephemeral key is not on the list
 
 
 async def test_a_plain_text_subscriber_gets_nothing(keys: dict[str, Path]) -> None:
@@ -172,7 +172,7 @@ async def test_a_plain_text_subscriber_gets_nothing(keys: dict[str, Path]) -> No
         for n in range(20):
             await publisher.publish(ev(n))
         seqs, _ = await _receives_nothing(publisher)
-        assert publisher.statistics().replay_requests == 0
+        assert publisher.statistics().replay.requests == 0
     assert seqs == []
 
 
@@ -328,7 +328,7 @@ async def test_replay_limits_hold_under_a_burst_from_many_clients(bursts: list[i
                     assert ends >= 1
                 assert replies <= 50 * (config.replay_burst + 3)  # capped per served request
             with trio.fail_after(10):
-                while publisher.statistics().replays_running:  # noqa: ASYNC110
+                while publisher.statistics().replay.running:  # noqa: ASYNC110
                     await trio.sleep(0.01)  # the last replays end: visible only in statistics
             stats = publisher.statistics()
         finally:
@@ -336,9 +336,9 @@ async def test_replay_limits_hold_under_a_burst_from_many_clients(bursts: list[i
                 dealer.close(linger=0)
     # How many the token buckets refuse depends on the clock (exact counts are in
     # test_replay_server.py); where every request went does not.
-    assert stats.replay_requests == 3 * sum(bursts)
-    ended = stats.replays_completed + stats.replays_abandoned + stats.replays_superseded
-    assert stats.replays_refused + ended == stats.replay_requests
+    assert stats.replay.requests == 3 * sum(bursts)
+    ended = stats.replay.completed + stats.replay.abandoned + stats.replay.superseded
+    assert stats.replay.refused + ended == stats.replay.requests
 
 
 def test_keys_generate_then_an_encrypted_simulate_and_listen_pair(tmp_path: Path) -> None:
@@ -486,7 +486,7 @@ async def test_a_noisy_neighbour_on_the_same_host_does_not_starve_an_honest_subs
         losses: list[Loss] = []
         try:
             with trio.fail_after(10):
-                while publisher.statistics().replays_refused < 100:  # noqa: ASYNC110
+                while publisher.statistics().replay.refused < 100:  # noqa: ASYNC110
                     await trio.sleep(0.01)  # the neighbour is over its limit
             async with tskv.open_subscriber(
                 publisher.endpoint, publisher.replay_endpoint, start_seq=0, on_loss=losses.append

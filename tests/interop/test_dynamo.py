@@ -20,7 +20,7 @@ import trio
 
 import tskv
 from tests.zmq_helpers import LOOPBACK
-from tskv.core.codec import WireFormat
+from tskv.core.wire_format import WireFormat
 from tskv.sim import CacheView, Simulator, Workload, run_round
 
 pytest.importorskip("dynamo.llm", reason="Dynamo is not installed (pip install ai-dynamo-runtime)")

@@ -89,7 +89,7 @@ async def test_replay_from_10_after_19_batches_returns_10_to_18_then_end() -> No
     assert [tskv.decode_batch(payload).events for _, payload in replies] == [
         events(n) for n in range(10, 19)
     ]
-    assert (stats.replay_requests, stats.replays_completed, stats.batches_replayed) == (1, 1, 9)
+    assert (stats.replay.requests, stats.replay.completed, stats.replay.batches) == (1, 1, 9)
 
 
 async def test_replay_reads_short_and_long_start_seq_frames() -> None:
@@ -277,7 +277,7 @@ async def test_invalid_requests_are_counted_and_logged_with_a_rate_limit(
                 await receive_batch(sub)
                 assert await request_replay(dealer, 0) != []  # the requests above came first
             stats = publisher.statistics()
-    assert stats.invalid_requests == 50
+    assert stats.replay.invalid == 50
     warnings = [r for r in caplog.records if "invalid replay request" in r.getMessage()]
     assert 1 <= len(warnings) < 5
 
@@ -338,14 +338,14 @@ async def test_a_replay_client_that_leaves_is_abandoned_cleanly() -> None:
         # the client is gone mid-replay; live publishing goes on
         with trio.fail_after(10):
             # an abandoned replay is visible only in the statistics
-            while publisher.statistics().replays_abandoned == 0:  # noqa: ASYNC110
+            while publisher.statistics().replay.abandoned == 0:  # noqa: ASYNC110
                 await trio.sleep(0.01)
         await publisher.publish(events(1000))
         while True:  # the PUB's small HWM may have dropped some of the 500 live ones
             _, seq, _ = await receive_batch(sub)
             if seq == 500:
                 break
-    assert publisher.statistics().replays_completed == 0
+    assert publisher.statistics().replay.completed == 0
 
 
 async def test_publishing_a_foreign_object_names_the_fix() -> None:
@@ -379,7 +379,7 @@ async def test_a_replay_request_flood_does_not_hold_up_live_batches() -> None:
         thread.start()
         try:
             with trio.fail_after(10):
-                while publisher.statistics().replay_requests < 1000:  # noqa: ASYNC110
+                while publisher.statistics().replay.requests < 1000:  # noqa: ASYNC110
                     await trio.sleep(0.001)  # the flood is under way
             # The flood goes on for as long as this test runs; live batches must not wait
             # for it to end (they once waited 5 s behind 100,000 requests).
@@ -391,7 +391,7 @@ async def test_a_replay_request_flood_does_not_hold_up_live_batches() -> None:
             stop.set()
             await trio.to_thread.run_sync(thread.join)
         stats = publisher.statistics()
-    assert stats.replays_refused > 0 and stats.replay_requests <= flooded[0]
+    assert stats.replay.refused > 0 and stats.replay.requests <= flooded[0]
 
 
 async def test_a_replay_client_that_never_reads_holds_a_bounded_pipe_whatever_the_hwm() -> None:
@@ -415,15 +415,15 @@ async def test_a_replay_client_that_never_reads_holds_a_bounded_pipe_whatever_th
             idle.connect(endpoint)
             idle.send_multipart([b"", (0).to_bytes(8, "big")])
             with trio.fail_after(10):
-                while publisher.statistics().replays_abandoned == 0:  # noqa: ASYNC110
+                while publisher.statistics().replay.abandoned == 0:  # noqa: ASYNC110
                     await trio.sleep(0.01)  # visible only in the statistics
             stats = publisher.statistics()
         finally:
             idle.close(linger=0)
     # ZeroMQ holds at most REPLAY_PIPE replies for it here (plus its own queue of 1), so an
     # idle client costs the same bounded memory whether hwm is 10 or 100,000.
-    assert stats.batches_replayed <= REPLAY_PIPE + 1, stats
-    assert stats.replays_abandoned == 1
+    assert stats.replay.batches <= REPLAY_PIPE + 1, stats
+    assert stats.replay.abandoned == 1
 
 
 async def test_an_oversized_replay_request_disconnects_its_sender_unread() -> None:
@@ -448,7 +448,7 @@ async def test_an_oversized_replay_request_disconnects_its_sender_unread() -> No
         async with raw_socket(zmq.DEALER, publisher.replay_endpoint) as fine:
             assert [seq for seq, _ in await request_replay(fine, 0)] == [0]
         stats = publisher.statistics()
-    assert (stats.replay_requests, stats.invalid_requests) == (1, 0)
+    assert (stats.replay.requests, stats.replay.invalid) == (1, 0)
 
 
 async def test_an_error_from_the_body_keeps_the_cause_it_was_raised_with() -> None:

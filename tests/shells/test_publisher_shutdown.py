@@ -119,7 +119,7 @@ async def test_shutdown_during_a_replay_in_progress() -> None:
         await dealer.receive()  # the replay has begun and the client is not reading on
         started = time.monotonic()
     assert time.monotonic() - started < BOUND
-    assert publisher.statistics().replays_completed == 0
+    assert publisher.statistics().replay.completed == 0
     await dealer_cm.__aexit__(None, None, None)
 
 

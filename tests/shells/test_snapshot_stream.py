@@ -68,7 +68,7 @@ async def test_a_consumer_joining_after_a_million_batches_rebuilds_the_cache() -
             stats = sub.statistics()
         assert joined.blocks == scheduler.blocks
         assert losses == [] and (stats.snapshots, stats.lost, stats.replaced) == (1, 0, 0)
-        assert publisher.statistics().snapshots_served == 1
+        assert publisher.statistics().replay.snapshots_completed == 1
 
 
 async def test_a_consumer_that_stalls_past_the_buffer_is_restored_from_a_snapshot() -> None:
@@ -161,7 +161,7 @@ async def test_a_publisher_without_snapshots_makes_the_late_joiner_fall_back_to_
     assert seqs == list(range(20, 30))  # what replay still had
     assert losses == [Loss(0, 19, LossReason.EVICTED)]  # the rest, reported
     assert stats.snapshots == 0
-    assert publisher.statistics().snapshots_served == 0
+    assert publisher.statistics().replay.snapshots_completed == 0
 
 
 async def test_the_threaded_publisher_serves_snapshots_of_what_it_published() -> None:

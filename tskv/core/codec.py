@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import msgpack
@@ -45,15 +45,9 @@ from tskv.core.events import (
     not_an_event,
     set_optional_fields,
 )
+from tskv.core.wire_format import WireFormat, unknown_wire
 
 logger = logging.getLogger(__name__)
-
-WireFormat = Literal["tokenspeed", "vllm"]
-WIRE_FORMATS: tuple[WireFormat, ...] = ("tokenspeed", "vllm")
-
-
-def unknown_wire(wire_format: object) -> ValueError:
-    return ValueError(f"wire_format = {wire_format!r}: use {' or '.join(map(repr, WIRE_FORMATS))}")
 
 
 class WireError(TskvError, ValueError):

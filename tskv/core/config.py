@@ -15,9 +15,9 @@ from typing import Any
 import attrs
 
 from tskv.core._checks import int_at_least, number_at_least
-from tskv.core.codec import WIRE_FORMATS, WireFormat
 from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.errors import TskvError
+from tskv.core.wire_format import WIRE_FORMATS, Layout, WireFormat, layout
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +160,15 @@ class KVEventsConfig:
         """Whether the publisher binds `endpoint` (its own, or its replay endpoint's rule is
         always to bind): `bind` when set, else TokenSpeed's rule."""
         return should_bind(endpoint) if self.bind is None else self.bind
+
+    def serves_snapshots(self, replay_endpoint: str | None) -> bool:
+        """Snapshots are served on the replay socket: without one, no state is kept for them."""
+        return self.snapshots and replay_endpoint is not None
+
+    @property
+    def layout(self) -> Layout:
+        """What this config's wire sends besides payloads (`wire_format.layout`)."""
+        return layout(self.wire_format, self.topic)
 
     @classmethod
     def from_cli(cls, cli_value: str) -> KVEventsConfig:

@@ -75,9 +75,8 @@ class _Job:
 
 
 @attrs.define
-class ReplayStatistics:
-    """Every request ends one way: requests == refused + completed + abandoned + superseded +
-    the replays still running."""
+class _Counts:
+    """The counters the server keeps; `statistics()` hands out a frozen copy."""
 
     requests: int = 0
     completed: int = 0
@@ -89,6 +88,14 @@ class ReplayStatistics:
     snapshots: int = 0  # snapshot requests among `requests`; ...
     snapshots_completed: int = 0  # ...of those, how many were sent whole (in `completed` too)
     snapshot_parts: int = 0
+
+
+@attrs.frozen
+class ReplayStatistics(_Counts):
+    """What the replay endpoint has done so far. Every request ends one way: requests ==
+    refused + completed + abandoned + superseded + running."""
+
+    running: int = 0  # replays (and snapshots) under way
 
 
 class ReplayServer:
@@ -111,22 +118,22 @@ class ReplayServer:
         self._jobs: dict[bytes, _Job] = {}
         self._turns: deque[bytes] = deque()  # clients with a job, in serving order
         self._one_offs: deque[Outgoing] = deque()
-        self.statistics = ReplayStatistics()
+        self._counts = _Counts()
 
     def receive(self, message: list[bytes], peer: Peer) -> Received:
         """Take one request off the ROUTER."""
         try:
             client, start_seq = frames.parse_replay_request(message)
         except frames.FrameError as exc:
-            self.statistics.invalid += 1
+            self._counts.invalid += 1
             return Received(Outcome.INVALID, str(exc))
-        self.statistics.requests += 1
-        self.statistics.snapshots += start_seq is None
+        self._counts.requests += 1
+        self._counts.snapshots += start_seq is None
         active = client in self._jobs
         refusal = self._gate.refusal(peer, len(self._jobs), active)
         if refusal is not None:
-            self.statistics.refused += 1
-            self.statistics.superseded += active
+            self._counts.refused += 1
+            self._counts.superseded += active
             self._end_job(client)
             if len(self._one_offs) < MAX_ONE_OFFS:
                 end = frames.replay_end(client, self._topic, refusal)
@@ -134,7 +141,7 @@ class ReplayServer:
             return Received(Outcome.REFUSED, refusal)
         # A client asking again replaces its earlier replay: it wants this one now.
         if active:
-            self.statistics.superseded += 1
+            self._counts.superseded += 1
         else:
             self._turns.append(client)
         if start_seq is None and self._snapshots is not None:
@@ -193,15 +200,15 @@ class ReplayServer:
         job = self._jobs[out.client]
         job.last_progress = self._clock()
         if out.seq is None:  # the end marker: this replay is complete
-            self.statistics.completed += 1
-            self.statistics.snapshots_completed += job.snapshot is not None
+            self._counts.completed += 1
+            self._counts.snapshots_completed += job.snapshot is not None
             self._end_job(out.client)
             return
         if job.snapshot is not None:
             job.part = None
-            self.statistics.snapshot_parts += 1
+            self._counts.snapshot_parts += 1
         else:
-            self.statistics.batches += 1
+            self._counts.batches += 1
             job.next_seq = out.seq + 1
         job.in_slice += 1
         if job.in_slice >= SLICE:  # the next client's turn
@@ -230,7 +237,7 @@ class ReplayServer:
         return self._abandon(self._jobs[out.client], "left before its replay ended")
 
     def _abandon(self, job: _Job, why: str) -> Abandoned:
-        self.statistics.abandoned += 1
+        self._counts.abandoned += 1
         self._end_job(job.client)
         return Abandoned(job.client, job.next_seq, why)
 
@@ -247,3 +254,6 @@ class ReplayServer:
     @property
     def active(self) -> int:
         return len(self._jobs)
+
+    def statistics(self) -> ReplayStatistics:
+        return ReplayStatistics(**attrs.asdict(self._counts), running=len(self._jobs))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from tskv.core.codec import WireFormat, decode_batch, encode_round
+from tskv.core.codec import decode_batch, encode_round
 from tskv.core.events import (
     EVENT_TYPES,
     PER_BLOCK,
@@ -25,6 +25,7 @@ from tskv.core.events import (
     KVEvent,
     replace,
 )
+from tskv.core.wire_format import WireFormat
 
 PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
 

@@ -28,6 +28,9 @@ _LAST = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
 
 
+ZERO_COPY_BYTES = 65536  # pyzmq copies smaller frames anyway; zero-copy pays above this
+
+
 class TrioSocket:
     """Async send and receive of whole multipart messages; one task per socket, always."""
 

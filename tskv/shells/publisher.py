@@ -1,11 +1,10 @@
-"""The Trio publisher: a publish task and a replay task in one nursery, sharing a bounded queue.
+"""The Trio publisher: what `open_publisher` yields, and the nursery it runs in.
 
 `publish()` stamps and encodes a round and puts the payload in a memory channel of
-`max_queue_size`; the publish task owns the PUB socket, assigns seqs, keeps each payload in the
-replay buffer before sending it, and sends every queued batch it can between checkpoints. The
-replay task owns the ROUTER socket and carries out what the I/O-free `ReplayServer` decides, a
-bounded amount of work between checkpoints, so no client can hold up live batches. Leaving the
-block drains the queue under a deadline.
+`max_queue_size`. Two tasks own the sockets: the publish task (`_publish_task`) takes payloads
+off the channel and sends them on the PUB socket; the replay task (`_replay_task`) serves
+replay and snapshots on the ROUTER socket, as the I/O-free `ReplayServer` decides. Leaving the
+block closes the channel and the publish task drains it under a deadline.
 
 Every background task is protected from KeyboardInterrupt, so Ctrl-C lands in the caller's
 code, whose leaving the block then gets the same bounded drain as any other exit.
@@ -13,11 +12,11 @@ code, whose leaving the block then gets the same bounded drain as any other exit
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import final
 
 import attrs
 import trio
@@ -30,28 +29,22 @@ from tskv.core.endpoints import offset_endpoint_port
 from tskv.core.errors import TskvError
 from tskv.core.events import EVENT_TYPES, KVEvent
 from tskv.core.replay_buffer import ReplayBuffer
-from tskv.core.replay_limits import Peer
-from tskv.core.replay_server import Outcome, Received, ReplayServer
+from tskv.core.replay_server import ReplayServer, ReplayStatistics
 from tskv.core.snapshot import CacheState, SnapshotBuilder
 from tskv.curve.policy import warn_if_exposed
-from tskv.curve.security import server_security
+from tskv.curve.security import ServerSecurity, server_security
 from tskv.shells._background import Pacer, background_tasks
 from tskv.shells._constructor import NoPublicConstructor
 from tskv.shells._monitor import SocketMonitor
-from tskv.shells._ratelimit import LogLimiter
-from tskv.shells._trio_zmq import TrioSocket, open_socket
+from tskv.shells._publish_task import PublishTask, Queued
+from tskv.shells._replay_task import ReplayTask
+from tskv.shells._trio_zmq import open_socket
 from tskv.shells._zap import ZapHandler
 
 logger = logging.getLogger(__name__)
 
-Queued = tuple[bytes, Sequence[KVEvent]]  # a batch's payload, and its events for the state
-SEND_BURST = 1024  # batches sent between two checkpoints of the publish task
-REQUESTS_PER_TURN = 64  # replay requests read between two checkpoints of the replay task...
-SENDS_PER_TURN = 256  # ...and replies sent: a flood of either cannot hold up live batches
-SUBSCRIPTIONS_PER_TURN = 1024  # (un)subscriptions counted at once; the rest wait a turn
 REPLAY_PIPE = 128  # replies ZeroMQ queues per replay client, whatever `hwm` is
 MAX_SUBSCRIPTION_BYTES = 4096  # a larger subscription frame disconnects its sender
-ZERO_COPY_BYTES = 65536  # pyzmq copies smaller frames anyway; zero-copy pays above this
 CURVE_HINT = (
     "a subscriber needs this publisher's public key (curve_server_key) and, with "
     "curve_clients, a key on the allow list; a clear-text subscriber cannot connect"
@@ -76,26 +69,17 @@ class PublisherStatistics:
     unsent_at_shutdown: int
     oldest_seq: int | None
     next_seq: int
-    replay_requests: int
-    replays_completed: int
-    replays_abandoned: int
-    replays_refused: int
-    replays_superseded: int  # ended by the same client's next request
-    replays_running: int  # requests == refused + completed + abandoned + superseded + running
-    batches_replayed: int
-    invalid_requests: int
     subscriptions: int
     encrypted: bool
     clients_refused: int  # by the CURVE allow list
     handshakes: int  # connections whose ZeroMQ (and CURVE) handshake succeeded
     handshake_failures: int  # connections whose handshake failed: a wrong key, clear text
     events_with_dropped_fields: int  # optional fields the tokenspeed wire has no slot for
-    snapshot_requests: int  # of replay_requests, how many asked for a snapshot
-    snapshots_served: int  # sent whole (counted in replays_completed too)
-    snapshot_parts: int
     cached_blocks: int | None  # the blocks the stream says are cached; None: snapshots off
+    replay: ReplayStatistics | None  # the replay endpoint's (snapshots included); None: none
 
 
+@final
 class Publisher(metaclass=NoPublicConstructor):
     """What `open_publisher` yields; only `open_publisher` makes one."""
 
@@ -103,43 +87,26 @@ class Publisher(metaclass=NoPublicConstructor):
         self,
         config: KVEventsConfig,
         dp_rank: int,
-        pub: TrioSocket,
-        endpoint: str,
-        replay: tuple[TrioSocket, str, ReplayServer] | None,
+        queue: trio.MemorySendChannel[Queued],
+        publishing: PublishTask,
+        replaying: ReplayTask | None,
         buffer: ReplayBuffer,
         state: CacheState | None,
-        monitors: list[SocketMonitor],
-        zap: ZapHandler | None,
-        on_dequeue: Callable[[], object] | None,
+        security: _Security,
     ) -> None:
         self.config = config
         self.dp_rank = dp_rank
-        self.endpoint = endpoint
-        self.replay_endpoint = None if replay is None else replay[1]
-        self._pub = pub
-        self._replay = replay
+        self.endpoint = publishing.endpoint  # as really bound
+        self.replay_endpoint = None if replaying is None else replaying.endpoint
+        self._queue = queue
+        self._publishing = publishing
+        self._replaying = replaying
         self._buffer = buffer
         self._state = state  # what snapshots are made from; None when they are off
-        self._monitors = monitors
-        self._zap = zap
-        self._on_dequeue = on_dequeue  # the threaded facade counts its slots with it
-        self._topic = config.topic.encode()
+        self._security = security
         self._dropped = DroppedFields()
-        self._send, self._receive = trio.open_memory_channel[Queued](config.max_queue_size)
-        self._invalid_log = LogLimiter()
-        self._refusal_log = LogLimiter()
         self._accepted = 0
-        self._published = 0
-        self._unsent = 0
         self._pacer = Pacer()
-        self._subscriptions = 0
-        self._subscription_change = trio.lowlevel.ParkingLot()
-        self._in_hand: list[Queued | None] = []  # what the idle race has taken off the queue
-        # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
-        # is set when the block is left, which bounds the drain.
-        self._publish_scope = trio.CancelScope(shield=True)
-
-    # -- the scheduler's side ---------------------------------------------------------------
 
     def _encode(self, events: Iterable[KVEvent]) -> Queued | None:
         config = self.config
@@ -168,7 +135,7 @@ class Publisher(metaclass=NoPublicConstructor):
         queued = self._encode(events)
         if queued is not None:
             try:
-                self._send.send_nowait(queued)
+                self._queue.send_nowait(queued)
             except trio.WouldBlock:
                 await self._send_waiting(queued)
                 return
@@ -180,7 +147,7 @@ class Publisher(metaclass=NoPublicConstructor):
 
     async def _send_waiting(self, queued: Queued) -> None:
         try:
-            await self._send.send(queued)  # backpressure: wait for room, never drop
+            await self._queue.send(queued)  # backpressure: wait for room, never drop
         except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
         self._accepted += 1
@@ -199,7 +166,7 @@ class Publisher(metaclass=NoPublicConstructor):
         thread) with the events it encodes, or raise trio.WouldBlock if `max_queue_size`
         batches are queued."""
         try:
-            self._send.send_nowait((payload, events))
+            self._queue.send_nowait((payload, events))
         except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
         self._accepted += 1
@@ -210,34 +177,28 @@ class Publisher(metaclass=NoPublicConstructor):
         )
 
     def statistics(self) -> PublisherStatistics:
-        replay = None if self._replay is None else self._replay[2].statistics
+        publishing, security = self._publishing, self._security
         return PublisherStatistics(
             codec=codec_name(),
             accepted=self._accepted,
-            queued=self._send.statistics().current_buffer_used,
-            published=self._published,
-            unsent_at_shutdown=self._unsent,
+            queued=self._queue.statistics().current_buffer_used,
+            published=publishing.published,
+            unsent_at_shutdown=publishing.unsent,
             oldest_seq=self._buffer.oldest_seq,
             next_seq=self._buffer.next_seq,
-            replay_requests=0 if replay is None else replay.requests,
-            replays_completed=0 if replay is None else replay.completed,
-            replays_abandoned=0 if replay is None else replay.abandoned,
-            replays_refused=0 if replay is None else replay.refused,
-            replays_superseded=0 if replay is None else replay.superseded,
-            replays_running=0 if self._replay is None else self._replay[2].active,
-            batches_replayed=0 if replay is None else replay.batches,
-            invalid_requests=0 if replay is None else replay.invalid,
-            subscriptions=self._subscriptions,
+            subscriptions=publishing.subscriptions,
             encrypted=self.config.encrypted,
-            clients_refused=0 if self._zap is None else self._zap.refused,
-            handshakes=sum(monitor.handshakes for monitor in self._monitors),
-            handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
+            clients_refused=0 if security.zap is None else security.zap.refused,
+            handshakes=sum(monitor.handshakes for monitor in security.monitors),
+            handshake_failures=sum(monitor.handshake_failures for monitor in security.monitors),
             events_with_dropped_fields=self._dropped.events,
-            snapshot_requests=0 if replay is None else replay.snapshots,
-            snapshots_served=0 if replay is None else replay.snapshots_completed,
-            snapshot_parts=0 if replay is None else replay.snapshot_parts,
             cached_blocks=None if self._state is None else self._state.blocks,
+            replay=None if self._replaying is None else self._replaying.statistics(),
         )
+
+    @property
+    def accepted(self) -> int:
+        return self._accepted
 
     async def wait_for_subscriber(self, count: int = 1) -> None:
         """Wait until `count` subscriptions that match this publisher's topic have arrived.
@@ -245,220 +206,27 @@ class Publisher(metaclass=NoPublicConstructor):
         ZeroMQ drops what a PUB sends before a subscription reaches it (the slow-joiner
         problem); tests and demos wait here instead of sleeping.
         """
-        while self._subscriptions < count:
-            await self._subscription_change.park()
+        while self._publishing.subscriptions < count:
+            await self._publishing.subscription_change.park()
 
-    # -- the publish task -------------------------------------------------------------------
-
-    def _emit(self, queued: Queued) -> list[bytes] | None:
-        """Send one batch now; its message back if the PUB would block (a PUB drops at its HWM
-        rather than block, so that is only a fallback)."""
-        payload, events = queued
-        seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
-        message = frames.live_message(self._topic, seq, payload)
-        try:
-            self._pub.send_nowait(message, len(payload) < ZERO_COPY_BYTES)
-        except trio.WouldBlock:
-            return message
-        except BaseException:
-            self._unsent += 1
-            raise
-        finally:
-            # After the send, so following the state never delays a batch; in the same step as
-            # the seq, so a snapshot (taken between steps) is the state at a seq.
-            if self._state is not None:
-                self._state.apply(payload, events)
-        self._published += 1
-        return None
-
-    async def _emit_blocked(self, message: list[bytes]) -> None:
-        try:
-            await self._pub.send(message)
-        except BaseException:
-            self._unsent += 1
-            raise
-        self._published += 1
-
-    def _take_subscriptions(self) -> None:
-        """Count (un)subscriptions the XPUB socket reports, and wake tasks waiting for one."""
-        changed = False
-        for message in self._pub.receive_waiting(SUBSCRIPTIONS_PER_TURN):  # no zmq.Again per batch
-            change = frames.parse_subscription(message[0], self._topic)
-            self._subscriptions += change
-            changed |= change != 0
-        if changed:
-            self._subscription_change.unpark_all()
-
-    async def _next_payload(self) -> Queued:
-        """The next queued payload; while idle, also keep track of subscriptions.
-
-        Only this task touches the PUB socket, so it alone waits on the socket's fd: two child
-        tasks race the channel against the fd and whichever finishes first cancels the other.
-        """
-        while True:
-            self._take_subscriptions()
-            try:
-                return self._receive.receive_nowait()
-            except trio.WouldBlock:
-                pass
-            # A busy producer usually queues the next batch while we yield once; only when the
-            # queue stays empty is the (costlier) race worth setting up.
-            await trio.lowlevel.checkpoint()
-            try:
-                return self._receive.receive_nowait()
-            except trio.WouldBlock:
-                pass
-            got = self._in_hand = []  # None: the channel was closed
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._take_one, got, nursery.cancel_scope)
-                nursery.start_soon(self._watch_socket, nursery.cancel_scope)
-            self._in_hand = []
-            if got:
-                if got[0] is None:
-                    raise trio.EndOfChannel
-                return got[0]
-
-    @trio.lowlevel.enable_ki_protection  # a child task is protected only if its own code is
-    async def _take_one(self, got: list[Queued | None], race: trio.CancelScope) -> None:
-        try:
-            got.append(await self._receive.receive())
-        except trio.EndOfChannel:
-            got.append(None)
-        race.cancel()
-
-    @trio.lowlevel.enable_ki_protection
-    async def _watch_socket(self, race: trio.CancelScope) -> None:
-        await self._pub.wait(zmq.POLLIN)
-        race.cancel()
-
-    def _dequeued(self, queued: Queued) -> Queued:
-        if self._on_dequeue is not None:
-            self._on_dequeue()
-        return queued
-
-    @trio.lowlevel.enable_ki_protection
-    async def run_publish(self) -> None:
-        try:
-            with self._publish_scope:
-                while True:
-                    try:
-                        queued = self._dequeued(await self._next_payload())
-                    except trio.EndOfChannel:
-                        break
-                    blocked = self._emit(queued)
-                    if blocked is not None:
-                        await self._emit_blocked(blocked)
-                    for _ in range(SEND_BURST - 1):
-                        try:
-                            queued = self._dequeued(self._receive.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                        blocked = self._emit(queued)
-                        if blocked is not None:
-                            await self._emit_blocked(blocked)
-                    else:
-                        await trio.lowlevel.checkpoint()  # a full burst: let other tasks run
-        finally:
-            # However this task ends, what is still queued is counted before close drops it, and
-            # so is a batch taken off the queue by a race that ended in an error.
-            left = self._receive.statistics().current_buffer_used
-            self._receive.close()
-            self._unsent += left + sum(queued is not None for queued in self._in_hand)
-            self._log_close()
-
-    def _log_close(self) -> None:
-        logger.info(
-            "publisher on %s closed: %d batches accepted, %d published, %d unsent",
-            self.endpoint,
-            self._accepted,
-            self._published,
-            self._unsent,
-        )
-        if self._unsent:
-            logger.error(
-                "publisher on %s closed with %d accepted batches unsent (the shutdown deadline "
-                "passed, or the publisher failed); raise shutdown_timeout to give the drain "
-                "longer",
-                self.endpoint,
-                self._unsent,
-            )
-
-    def begin_shutdown(self) -> None:
+    def _stop(self) -> None:
         """Accept no more batches; the publish task drains what is queued, bounded in time."""
-        self._send.close()
-        self._publish_scope.deadline = trio.current_time() + self.config.shutdown_timeout
-
-    # -- the replay task --------------------------------------------------------------------
-
-    @trio.lowlevel.enable_ki_protection
-    async def run_replay(self) -> None:
-        assert self._replay is not None
-        router, _, server = self._replay
-        while True:
-            wait = server.wait_time()
-            if wait is None:
-                await router.wait(zmq.POLLIN)
-            elif wait > 0:
-                with trio.move_on_after(wait):
-                    await router.wait(zmq.POLLIN)
-            for _ in range(REQUESTS_PER_TURN):
-                try:
-                    message = router.receive_frames_nowait()
-                except trio.WouldBlock:
-                    break
-                self._log_request(server.receive([f.bytes for f in message], _peer(message)))
-            for _ in range(SENDS_PER_TURN):
-                out = server.next_send()
-                if out is None:
-                    break
-                try:
-                    router.send_nowait(out.frames, len(out.frames[-1]) < ZERO_COPY_BYTES)
-                except trio.WouldBlock:  # the client's pipe is full (ROUTER_MANDATORY)
-                    abandoned = server.blocked(out)
-                except zmq.ZMQError as exc:
-                    if exc.errno != errno.EHOSTUNREACH:
-                        raise
-                    abandoned = server.gone(out)
-                else:
-                    server.sent(out)
-                    continue
-                if abandoned is not None:
-                    logger.warning(
-                        "abandoned the replay to client %s at seq %d: it %s",
-                        abandoned.client.hex(),
-                        abandoned.next_seq,
-                        abandoned.why,
-                    )
-            await trio.lowlevel.checkpoint()  # live batches go out between turns
-
-    def _log_request(self, received: Received) -> None:
-        if received.outcome is Outcome.REFUSED:
-            self._refusal_log.warning("refused a replay request: %s", received.detail)
-        elif received.outcome is Outcome.INVALID:
-            self._invalid_log.warning("ignoring invalid replay request: %s", received.detail)
+        self._queue.close()
+        self._publishing.stop_by(trio.current_time() + self.config.shutdown_timeout)
 
 
-def _peer(message: list[zmq.Frame]) -> Peer:
-    """Who sent a request: its connection, the CURVE key the ZAP handler vouched for, and its
-    address, as the ROUTER reports them."""
-    properties: dict[str, str | None] = {}
-    for name in ("User-Id", "Peer-Address"):
-        try:
-            value = message[0].get(name)
-        except zmq.ZMQError:  # not known for this transport (inproc has no address)
-            value = None
-        properties[name] = str(value) if value else None
-    return Peer(message[0].bytes, properties["User-Id"], properties["Peer-Address"])
+@attrs.define
+class _Security:
+    """What watches the sockets' handshakes: the ZAP handler (CURVE only) and the monitors."""
 
+    zap: ZapHandler | None = None
+    monitors: list[SocketMonitor] = attrs.Factory(list)
 
-def _snapshot_maker(
-    state: CacheState, buffer: ReplayBuffer, config: KVEventsConfig, dp_rank: int
-) -> Callable[[], SnapshotBuilder]:
-    def make() -> SnapshotBuilder:
-        frozen = state.freeze(buffer.next_seq)
-        return SnapshotBuilder(frozen, time.time(), dp_rank, config.wire_format)
-
-    return make
+    def start(self, nursery: trio.Nursery) -> None:
+        for monitor in self.monitors:
+            nursery.start_soon(monitor.run)
+        if self.zap is not None:
+            nursery.start_soon(self.zap.run)
 
 
 def _listed(events: Iterable[KVEvent]) -> list[KVEvent]:
@@ -475,6 +243,26 @@ def _listed(events: Iterable[KVEvent]) -> list[KVEvent]:
         ) from None
 
 
+def _snapshot_maker(
+    state: CacheState, buffer: ReplayBuffer, config: KVEventsConfig, dp_rank: int
+) -> Callable[[], SnapshotBuilder]:
+    def make() -> SnapshotBuilder:
+        frozen = state.freeze(buffer.next_seq)
+        return SnapshotBuilder(frozen, time.time(), dp_rank, config.wire_format)
+
+    return make
+
+
+def _check_config(config: object) -> KVEventsConfig:
+    if not isinstance(config, KVEventsConfig):
+        raise TypeError(
+            f"config must be a tskv.KVEventsConfig, got {type(config).__name__} {config!r:.80}; "
+            "build one with KVEventsConfig(**mapping), KVEventsConfig.from_mapping(mapping) or "
+            "KVEventsConfig.from_json(text)"
+        )
+    return config
+
+
 @asynccontextmanager
 async def open_publisher(
     config: KVEventsConfig,
@@ -483,98 +271,144 @@ async def open_publisher(
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     on_dequeue: Callable[[], object] | None = None,
 ) -> AsyncIterator[Publisher]:
-    """Publish KV event batches on `config.endpoint` (offset for `dp_rank`) until the block ends.
+    """Publish KV event batches until the block ends; yields the `Publisher`.
 
     Leaving the block sends what is queued within `config.shutdown_timeout` seconds, whether
     the body returned, raised or was cancelled, then closes both sockets without lingering.
-    `on_dequeue` is called in the publish task each time a batch leaves the queue.
+
+    Args:
+      config: every setting (`KVEventsConfig`): the endpoints (offset for `dp_rank`), the
+        wire, the replay buffer and limits, snapshots, CURVE.
+      dp_rank: the data-parallel rank: tcp ports are offset by it, inproc names suffixed.
+      context: the ZeroMQ context to use (default: the process's, or a new one for CURVE,
+        since a context has one ZAP endpoint).
+      on_dequeue: called in the publish task each time a batch leaves the queue.
+
+    Raises:
+      TypeError: `config` is not a `KVEventsConfig`.
+      EndpointError: an endpoint cannot be offset for `dp_rank`.
+      KeyFileError: a CURVE key file is missing, unreadable or not a key.
+      AttachError: a socket cannot bind or connect (an OSError).
     """
-    if not isinstance(config, KVEventsConfig):
-        raise TypeError(
-            f"config must be a tskv.KVEventsConfig, got {type(config).__name__} {config!r:.80}; "
-            "build one with KVEventsConfig(**mapping), KVEventsConfig.from_mapping(mapping) or "
-            "KVEventsConfig.from_json(text)"
-        )
+    config = _check_config(config)
     endpoint = offset_endpoint_port(config.endpoint, dp_rank)
     replay_endpoint = offset_endpoint_port(config.replay_endpoint, dp_rank)
     assert endpoint is not None
     security = server_security(config)  # the key files are read here, where sockets open
     own_context = context is None and security is not None
     if context is None:
-        # A context has one ZAP endpoint, so an encrypted publisher gets a context of its own.
         context = zmq.Context() if own_context else zmq.Context.instance()
     async with AsyncExitStack() as cleanup:
         if own_context:
             cleanup.callback(context.term)
-        zap = None
-        if security is not None:
-            zap = ZapHandler(context, security)  # bound before any CURVE socket accepts
-            cleanup.callback(zap.close)
-        monitors: list[SocketMonitor] = []
-
-        def monitored(sock: zmq.Socket[bytes], label: str) -> None:
-            monitor = SocketMonitor(sock, label, CURVE_HINT if security else CLEAR_HINT)
-            cleanup.callback(monitor.close)
-            monitors.append(monitor)
-
-        pub, address = open_socket(
-            context,
-            zmq.XPUB,
-            endpoint,
-            config.binds(endpoint),
-            config.hwm,
-            security,
-            MAX_SUBSCRIPTION_BYTES,
-            monitored,
-        )
-        cleanup.callback(pub.close)
+        watch = _watch_security(cleanup, context, security)
         buffer = ReplayBuffer(config.buffer_steps)
-        replay = None
-        # Snapshots are served on the replay socket: without one, the state is not kept.
-        state = None
-        if config.snapshots and replay_endpoint is not None:
-            state = CacheState(tiered=config.wire_format == "vllm")  # only vLLM's carries tiers
+        queue, queued = trio.open_memory_channel[Queued](config.max_queue_size)
+        keeps_state = config.serves_snapshots(replay_endpoint)
+        state = CacheState(tiered=config.layout.tiered_state) if keeps_state else None
+        sockets = _Sockets(cleanup, context, config, security, watch)
+        publishing = sockets.publish(endpoint, queued, buffer, state, on_dequeue)
+        replaying = None
         if replay_endpoint is not None:
-            router, replay_address = open_socket(
-                context,
-                zmq.ROUTER,
-                replay_endpoint,
-                True,
-                REPLAY_PIPE,
-                security,
-                frames.MAX_REQUEST_BYTES,
-                monitored,
-            )
-            cleanup.callback(router.close)
-            # vLLM's replies carry the topic frame; TokenSpeed's do not.
-            reply_topic = config.topic.encode() if config.wire_format == "vllm" else None
             snapshot = None if state is None else _snapshot_maker(state, buffer, config, dp_rank)
-            server = ReplayServer(buffer, config, reply_topic, trio.current_time, snapshot)
-            replay = (router, replay_address, server)
-        if security is None:
-            exposed = [address] + ([replay[1]] if replay else [])
-            warn_if_exposed(exposed, config.buffer_steps)
+            replaying = sockets.replay(replay_endpoint, buffer, snapshot)
         publisher = Publisher._create(
-            config, dp_rank, pub, address, replay, buffer, state, monitors, zap, on_dequeue
+            config, dp_rank, queue, publishing, replaying, buffer, state, watch
         )
-        logger.info(
-            "publishing KV events on %s (replay: %s, rank %d, %s)",
-            address,
-            publisher.replay_endpoint,
-            dp_rank,
-            "CURVE" if security else "clear text",
-        )
+        _announce(publisher, security is not None)
         async with background_tasks() as nursery:
-            for monitor in monitors:
-                nursery.start_soon(monitor.run)
-            if zap is not None:
-                nursery.start_soon(zap.run)
-            nursery.start_soon(publisher.run_publish)
-            if replay is not None:
-                nursery.start_soon(publisher.run_replay)
+            watch.start(nursery)
+            nursery.start_soon(publishing.run, lambda: publisher.accepted)
+            if replaying is not None:
+                nursery.start_soon(replaying.run)
             try:
                 yield publisher
             finally:
                 # Then the nursery's cancellation stops the replay and ZAP tasks; the publish
                 # task's drain is shielded and bounded by this deadline.
-                publisher.begin_shutdown()
+                publisher._stop()
+
+
+def _announce(publisher: Publisher, encrypted: bool) -> None:
+    """Log where it publishes; warn when clear text is open to other machines."""
+    if not encrypted:
+        exposed = [publisher.endpoint] + [e for e in [publisher.replay_endpoint] if e]
+        warn_if_exposed(exposed, publisher.config.buffer_steps)
+    logger.info(
+        "publishing KV events on %s (replay: %s, rank %d, %s)",
+        publisher.endpoint,
+        publisher.replay_endpoint,
+        publisher.dp_rank,
+        "CURVE" if encrypted else "clear text",
+    )
+
+
+def _watch_security(
+    cleanup: AsyncExitStack,
+    context: zmq.Context[zmq.Socket[bytes]],
+    security: ServerSecurity | None,
+) -> _Security:
+    watch = _Security()
+    if security is not None:
+        watch.zap = ZapHandler(context, security)  # bound before any CURVE socket accepts
+        cleanup.callback(watch.zap.close)
+    return watch
+
+
+@attrs.frozen
+class _Sockets:
+    """Opens the publisher's sockets, each closed (and its monitor too) when the block ends."""
+
+    cleanup: AsyncExitStack
+    context: zmq.Context[zmq.Socket[bytes]]
+    config: KVEventsConfig
+    security: ServerSecurity | None
+    watch: _Security
+
+    def _monitored(self, sock: zmq.Socket[bytes], label: str) -> None:
+        monitor = SocketMonitor(sock, label, CURVE_HINT if self.security else CLEAR_HINT)
+        self.cleanup.callback(monitor.close)
+        self.watch.monitors.append(monitor)
+
+    def publish(
+        self,
+        endpoint: str,
+        queued: trio.MemoryReceiveChannel[Queued],
+        buffer: ReplayBuffer,
+        state: CacheState | None,
+        on_dequeue: Callable[[], object] | None,
+    ) -> PublishTask:
+        config = self.config
+        pub, address = open_socket(
+            self.context,
+            zmq.XPUB,
+            endpoint,
+            config.binds(endpoint),
+            config.hwm,
+            self.security,
+            MAX_SUBSCRIPTION_BYTES,
+            self._monitored,
+        )
+        self.cleanup.callback(pub.close)
+        return PublishTask(pub, address, config.topic.encode(), queued, buffer, state, on_dequeue)
+
+    def replay(
+        self,
+        endpoint: str,
+        buffer: ReplayBuffer,
+        snapshot: Callable[[], SnapshotBuilder] | None,
+    ) -> ReplayTask:
+        router, address = open_socket(
+            self.context,
+            zmq.ROUTER,
+            endpoint,
+            True,
+            REPLAY_PIPE,
+            self.security,
+            frames.MAX_REQUEST_BYTES,
+            self._monitored,
+        )
+        self.cleanup.callback(router.close)
+        reply_topic = self.config.layout.reply_topic
+        server = ReplayServer(buffer, self.config, reply_topic, trio.current_time, snapshot)
+        return ReplayTask(router, address, server)

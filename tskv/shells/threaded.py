@@ -30,12 +30,12 @@ from tskv.core.endpoints import offset_endpoint_port
 from tskv.core.events import KVEventBatch
 from tskv.core.frames import END_FRAME
 from tskv.core.scheduler import foreign_batch
+from tskv.shells._publish_task import Queued
 from tskv.shells._trio_thread import TrioThread
 from tskv.shells.publisher import (
     Publisher,
     PublisherClosedError,
     PublisherStatistics,
-    Queued,
     open_publisher,
 )
 

@@ -11,7 +11,7 @@ import time
 import attrs
 import trio
 
-from tskv.core.codec import WireFormat
+from tskv.core.wire_format import WireFormat
 from tskv.shells.publisher import Publisher
 from tskv.sim.simulator import Simulator, Workload, run_round
 

@@ -1,0 +1,200 @@
+"""The publish task: the one task that owns the PUB (XPUB) socket.
+
+It takes payloads off the queue `publish()` fills, assigns each its seq by appending it to the
+replay buffer *before* sending it (so a failed send is still replayable), sends every queued
+batch it can between checkpoints, follows each sent batch in the cache state snapshots are made
+from, and counts subscriptions. When the publisher's block is left it drains what is queued,
+shielded from the caller's cancellation and bounded by the shutdown deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import trio
+import zmq
+
+from tskv.core import frames
+from tskv.core.events import KVEvent
+from tskv.core.replay_buffer import ReplayBuffer
+from tskv.core.snapshot import CacheState
+from tskv.shells._trio_zmq import ZERO_COPY_BYTES, TrioSocket
+
+logger = logging.getLogger(__name__)
+
+Queued = tuple[bytes, Sequence[KVEvent]]  # a batch's payload, and its events for the state
+SEND_BURST = 1024  # batches sent between two checkpoints
+SUBSCRIPTIONS_PER_TURN = 1024  # (un)subscriptions counted at once; the rest wait a turn
+
+
+class PublishTask:
+    """Owns the PUB socket and the queue's receiving end; `run` is the task."""
+
+    def __init__(
+        self,
+        pub: TrioSocket,
+        endpoint: str,
+        topic: bytes,
+        queue: trio.MemoryReceiveChannel[Queued],
+        buffer: ReplayBuffer,
+        state: CacheState | None,
+        on_dequeue: Callable[[], object] | None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._pub = pub
+        self._topic = topic
+        self._queue = queue
+        self._buffer = buffer
+        self._state = state  # what snapshots are made from; None when they are off
+        self._on_dequeue = on_dequeue  # the threaded facade counts its slots with it
+        self.published = 0
+        self.unsent = 0
+        self.subscriptions = 0
+        self.subscription_change = trio.lowlevel.ParkingLot()
+        self._in_hand: list[Queued | None] = []  # what the idle race has taken off the queue
+        # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
+        # is set when the block is left, which bounds the drain.
+        self._scope = trio.CancelScope(shield=True)
+
+    def stop_by(self, deadline: float) -> None:
+        """The block was left: drain what is queued until `deadline` (Trio's clock)."""
+        self._scope.deadline = deadline
+
+    @trio.lowlevel.enable_ki_protection
+    async def run(self, accepted: Callable[[], int]) -> None:
+        """Send until the queue is closed and empty (or the deadline passes). `accepted`
+        reads the handle's count for the closing log line."""
+        try:
+            with self._scope:
+                await self._send_all()
+        finally:
+            # However this task ends, what is still queued is counted before close drops it, and
+            # so is a batch taken off the queue by a race that ended in an error.
+            left = self._queue.statistics().current_buffer_used
+            self._queue.close()
+            self.unsent += left + sum(queued is not None for queued in self._in_hand)
+            self._log_close(accepted())
+
+    async def _send_all(self) -> None:
+        while True:
+            try:
+                queued = self._dequeued(await self._next_payload())
+            except trio.EndOfChannel:
+                return
+            blocked = self._emit(queued)
+            if blocked is not None:
+                await self._emit_blocked(blocked)
+            for _ in range(SEND_BURST - 1):  # written out: an await per batch would cost
+                try:
+                    queued = self._dequeued(self._queue.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                blocked = self._emit(queued)
+                if blocked is not None:
+                    await self._emit_blocked(blocked)
+            else:
+                await trio.lowlevel.checkpoint()  # a full burst: let other tasks run
+
+    def _dequeued(self, queued: Queued) -> Queued:
+        if self._on_dequeue is not None:
+            self._on_dequeue()
+        return queued
+
+    def _emit(self, queued: Queued) -> list[bytes] | None:
+        """Send one batch now; its message back if the PUB would block (a PUB drops at its HWM
+        rather than block, so that is only a fallback)."""
+        payload, events = queued
+        seq = self._buffer.append(payload)  # before sending: a failed send stays replayable
+        message = frames.live_message(self._topic, seq, payload)
+        try:
+            self._pub.send_nowait(message, len(payload) < ZERO_COPY_BYTES)
+        except trio.WouldBlock:
+            return message
+        except BaseException:
+            self.unsent += 1
+            raise
+        finally:
+            # After the send, so following the state never delays a batch; in the same step as
+            # the seq, so a snapshot (taken between steps) is the state at a seq.
+            if self._state is not None:
+                self._state.apply(payload, events)
+        self.published += 1
+        return None
+
+    async def _emit_blocked(self, message: list[bytes]) -> None:
+        try:
+            await self._pub.send(message)
+        except BaseException:
+            self.unsent += 1
+            raise
+        self.published += 1
+
+    def _take_subscriptions(self) -> None:
+        """Count (un)subscriptions the XPUB socket reports, and wake tasks waiting for one."""
+        changed = False
+        for message in self._pub.receive_waiting(SUBSCRIPTIONS_PER_TURN):  # no zmq.Again per batch
+            change = frames.parse_subscription(message[0], self._topic)
+            self.subscriptions += change
+            changed |= change != 0
+        if changed:
+            self.subscription_change.unpark_all()
+
+    async def _next_payload(self) -> Queued:
+        """The next queued payload; while idle, also keep track of subscriptions.
+
+        Only this task touches the PUB socket, so it alone waits on the socket's fd: two child
+        tasks race the channel against the fd and whichever finishes first cancels the other.
+        """
+        while True:
+            self._take_subscriptions()
+            try:
+                return self._queue.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            # A busy producer usually queues the next batch while we yield once; only when the
+            # queue stays empty is the (costlier) race worth setting up.
+            await trio.lowlevel.checkpoint()
+            try:
+                return self._queue.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            got = self._in_hand = []  # None: the channel was closed
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._take_one, got, nursery.cancel_scope)
+                nursery.start_soon(self._watch_socket, nursery.cancel_scope)
+            self._in_hand = []
+            if got:
+                if got[0] is None:
+                    raise trio.EndOfChannel
+                return got[0]
+
+    @trio.lowlevel.enable_ki_protection  # a child task is protected only if its own code is
+    async def _take_one(self, got: list[Queued | None], race: trio.CancelScope) -> None:
+        try:
+            got.append(await self._queue.receive())
+        except trio.EndOfChannel:
+            got.append(None)
+        race.cancel()
+
+    @trio.lowlevel.enable_ki_protection
+    async def _watch_socket(self, race: trio.CancelScope) -> None:
+        await self._pub.wait(zmq.POLLIN)
+        race.cancel()
+
+    def _log_close(self, accepted: int) -> None:
+        logger.info(
+            "publisher on %s closed: %d batches accepted, %d published, %d unsent",
+            self.endpoint,
+            accepted,
+            self.published,
+            self.unsent,
+        )
+        if self.unsent:
+            logger.error(
+                "publisher on %s closed with %d accepted batches unsent (the shutdown deadline "
+                "passed, or the publisher failed); raise shutdown_timeout to give the drain "
+                "longer",
+                self.endpoint,
+                self.unsent,
+            )
