@@ -10,6 +10,7 @@ from tskv.core.sequencer import (
     Deliver,
     DeliverSnapshot,
     Loss,
+    LossCounts,
     LossReason,
     RequestReplay,
     RequestSnapshot,
@@ -354,26 +355,23 @@ def test_a_restart_is_detected_and_the_new_sequence_delivered_from_its_start(
 
 
 @pytest.mark.parametrize("reason", list(LossReason))
-def test_every_kind_of_loss_is_logged_and_shown_readably(
-    reason: LossReason, caplog: pytest.LogCaptureFixture
-) -> None:
-    from tskv._cli.listen import format_loss
-    from tskv.shells.subscriber import _log_loss
-
+def test_every_kind_of_loss_is_described_readably_and_counted(reason: LossReason) -> None:
     restart = reason is LossReason.RESTART
     loss = Loss(9, None, reason, new_seq=0) if restart else Loss(3, 5, reason)
-    with caplog.at_level("WARNING", logger="tskv"):
-        _log_loss(loss)
-    [record] = caplog.records
-    message = record.getMessage()  # raises if the format and the arguments disagree
-    shown = format_loss(loss)
+    shown = loss.describe()
+    counts = LossCounts()
+    counts.add(loss)
+    counts.add(loss)
+    assert counts.losses == 2
     if reason is LossReason.RESTART:
-        assert "expected seq 9, got seq 0" in message and "now at seq 0" in shown
+        assert shown == "publisher restarted: expected seq 9, now at seq 0"
+        assert (counts.restarts, counts.lost, counts.replaced) == (2, 0, 0)
     elif reason is LossReason.SNAPSHOT:
-        assert "3..5" in message and "snapshot" in message
         assert "3..5 (snapshot)" in shown and "restored" in shown
+        assert (counts.restarts, counts.lost, counts.replaced) == (0, 0, 6)
     else:
-        assert f"3..5 ({reason.value})" in message and f"3..5 ({reason.value})" in shown
+        assert shown == f"lost seq 3..5 ({reason.value})"
+        assert (counts.restarts, counts.lost, counts.replaced) == (0, 6, 0)
 
 
 # -- snapshots --------------------------------------------------------------------------------

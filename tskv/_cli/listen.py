@@ -25,7 +25,7 @@ from tskv.core.events import (
     UnknownEvent,
     event_fields,
 )
-from tskv.core.sequencer import Loss, LossReason
+from tskv.core.sequencer import Loss
 from tskv.shells._reachability import unreachable_reason
 from tskv.shells.subscriber import Subscriber, open_subscriber
 
@@ -138,14 +138,7 @@ def _json_value(value: object) -> object:
 
 
 def format_loss(loss: Loss) -> str:
-    if loss.reason is LossReason.RESTART:
-        return f"!! publisher restarted: expected seq {loss.first_seq}, now at seq {loss.new_seq}"
-    if loss.reason is LossReason.SNAPSHOT:
-        return (
-            f"!! seq {loss.first_seq}..{loss.last_seq} ({loss.reason.value}): no longer buffered, "
-            f"restored by the snapshot that follows"
-        )
-    return f"!! lost seq {loss.first_seq}..{loss.last_seq} ({loss.reason.value})"
+    return f"!! {loss.describe()}"
 
 
 def loss_json(loss: Loss) -> str:

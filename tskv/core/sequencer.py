@@ -66,6 +66,35 @@ class Loss:
     def count(self) -> int | None:
         return None if self.last_seq is None else self.last_seq - self.first_seq + 1
 
+    def describe(self) -> str:
+        """One line for a person: the log's wording and `tskv listen`'s."""
+        if self.reason is LossReason.RESTART:
+            return f"publisher restarted: expected seq {self.first_seq}, now at seq {self.new_seq}"
+        span = f"seq {self.first_seq}..{self.last_seq} ({self.reason.value})"
+        if self.reason is LossReason.SNAPSHOT:
+            return f"{span}: no longer buffered, restored by the snapshot that follows"
+        return f"lost {span}"
+
+
+@attrs.define
+class LossCounts:
+    """Loss reports, counted as the statistics show them: a restart's unknown count is not in
+    `lost`, and what a snapshot stands in for is `replaced`, not lost."""
+
+    losses: int = 0
+    restarts: int = 0
+    lost: int = 0
+    replaced: int = 0
+
+    def add(self, loss: Loss) -> None:
+        self.losses += 1
+        if loss.reason is LossReason.RESTART:
+            self.restarts += 1
+        elif loss.reason is LossReason.SNAPSHOT:
+            self.replaced += loss.count or 0
+        else:
+            self.lost += loss.count or 0
+
 
 class Deliver(NamedTuple):  # one per batch: a tuple is the cheapest value to make
     seq: int

@@ -30,6 +30,7 @@ from tskv.core.sequencer import (
     Deliver,
     DeliverSnapshot,
     Loss,
+    LossCounts,
     LossReason,
     RequestReplay,
     Sequencer,
@@ -87,23 +88,6 @@ class SubscriberStatistics:
     silent: bool  # the publisher is silent right now: its view is not to be trusted
 
 
-def _log_loss(loss: Loss) -> None:
-    if loss.reason is LossReason.RESTART:
-        logger.warning(
-            "publisher restarted: expected seq %d, got seq %d", loss.first_seq, loss.new_seq
-        )
-    elif loss.reason is LossReason.SNAPSHOT:
-        logger.warning(
-            "batches %d..%d are no longer buffered: restoring the cache from a snapshot of "
-            "the state after %d",
-            loss.first_seq,
-            loss.last_seq,
-            loss.last_seq,
-        )
-    else:
-        logger.warning("lost batches %d..%d (%s)", loss.first_seq, loss.last_seq, loss.reason.value)
-
-
 class Subscriber(metaclass=NoPublicConstructor):
     """What `open_subscriber` yields (and only it makes one): iterate it for `(seq, batch)`."""
 
@@ -131,11 +115,8 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._received = 0
         self._delivered = 0
         self._repaired = 0
-        self._lost = 0
-        self._replaced = 0
+        self._losses = LossCounts()
         self._snapshots = 0
-        self._losses = 0
-        self._restarts = 0
         self._undecodable = 0
         self._unknown_events = 0
         self._unknown_types: set[str] = set()
@@ -149,11 +130,11 @@ class Subscriber(metaclass=NoPublicConstructor):
             received=self._received,
             delivered=self._delivered,
             repaired=self._repaired,
-            lost=self._lost,
-            replaced=self._replaced,
+            lost=self._losses.lost,
+            replaced=self._losses.replaced,
             snapshots=self._snapshots,
-            losses=self._losses,
-            restarts=self._restarts,
+            losses=self._losses.losses,
+            restarts=self._losses.restarts,
             undecodable=self._undecodable,
             unknown_events=self._unknown_events,
             replay_requests=self._replay_requests,
@@ -311,14 +292,8 @@ class Subscriber(metaclass=NoPublicConstructor):
             self._on_silence(silence.silent)
 
     def _report(self, loss: Loss) -> None:
-        self._losses += 1
-        if loss.reason is LossReason.RESTART:
-            self._restarts += 1
-        elif loss.reason is LossReason.SNAPSHOT:
-            self._replaced += loss.count or 0
-        else:
-            self._lost += loss.count or 0
-        _log_loss(loss)
+        self._losses.add(loss)
+        logger.warning("%s (%s)", loss.describe(), self.endpoint)
         if self._on_loss is not None:
             self._on_loss(loss)
 
