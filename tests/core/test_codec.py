@@ -24,9 +24,10 @@ from tskv import (
     KVEventBatch,
     UnknownEvent,
     WireError,
+    decode_batch,
 )
 from tskv.core.codec import DroppedFields, available_codecs, encode_round
-from tskv.core.events import FIELDS, event_fields
+from tskv.core.events import FIELDS, OPTIONAL_FIELDS, event_fields
 
 TOKENSPEED = load_vectors("tokenspeed_wire.json")
 VLLM = load_vectors("vllm_wire.json")
@@ -423,3 +424,44 @@ def event_fields_with_defaults(event: tskv.KVEvent) -> dict[str, Any]:
 
 
 NOT_VLLM = ("mm_keys", "cache_salt", "session_id")  # TensorRT-LLM's and SGLang's additions
+
+
+# The TokenSpeed encoder's hot loop names the optional fields by hand (a comprehension that
+# reads attributes costs less than walking a list); these prove it names every one the field
+# list has, so a field added to events.OPTIONAL_FIELDS and forgotten there fails here.
+SAMPLE_VALUES: dict[str, Any] = {
+    "lora_id": 3,
+    "medium": "CPU",
+    "lora_name": "adapter",
+    "extra_keys": [["k"]],
+    "group_idx": 1,
+    "kv_cache_spec_kind": "full",
+    "kv_cache_spec_sliding_window": 128,
+    "locality": "local",
+    "mm_keys": [[tskv.MMKey(7, 0)]],
+    "cache_salt": "tenant",
+    "session_id": "s-1",
+}
+
+
+def one_field_set(kind: type, name: str) -> tskv.KVEvent:
+    if kind is BlockStored:
+        return BlockStored([1], None, list(range(16)), 16, **{name: SAMPLE_VALUES[name]})
+    return BlockRemoved([1], **{name: SAMPLE_VALUES[name]})
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [(kind, name) for kind in (BlockStored, BlockRemoved) for name in OPTIONAL_FIELDS[kind]],
+)
+def test_every_optional_field_leaves_the_tokenspeed_fast_path_and_reaches_the_vllm_wire(
+    kind: type, name: str
+) -> None:
+    event = one_field_set(kind, name)
+    dropped = DroppedFields()
+    encode_round(0.0, [event], 0, "tokenspeed", dropped=dropped)
+    assert dropped.events == 1, f"{kind.__name__}.{name} took the fast path and was lost"
+    payload = encode_round(0.0, [event], 0, "vllm")
+    assert payload is not None
+    [decoded] = decode_batch(payload).events
+    assert getattr(decoded, name) == SAMPLE_VALUES[name]
