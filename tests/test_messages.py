@@ -88,3 +88,19 @@ def test_every_error_tskv_raises_is_a_tskv_error_and_still_what_it_was() -> None
     assert issubclass(LoopFailedError, tskv.TskvError) and issubclass(LoopFailedError, RuntimeError)
     assert issubclass(AttachError, tskv.TskvError) and issubclass(AttachError, OSError)
     assert issubclass(AttachError, zmq.ZMQError)
+
+
+@pytest.mark.parametrize(
+    ("cls", "opener"),
+    [
+        (tskv.Publisher, "open_publisher"),
+        (tskv.Subscriber, "open_subscriber"),
+        (tskv.Watcher, "open_watcher"),
+    ],
+)
+def test_a_class_only_its_opener_makes_names_that_opener(cls: type, opener: str) -> None:
+    with pytest.raises(
+        TypeError,
+        match=rf"tskv\.{cls.__name__} has no public constructor; use `async with tskv\.{opener}",
+    ):
+        cls()

@@ -13,6 +13,7 @@ from tskv.core.events import (
     MMKey,
     UnknownEvent,
 )
+from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import Match, PrefixIndex
 from tskv.core.replay_server import ReplayStatistics
 from tskv.core.scheduler import (
@@ -20,7 +21,6 @@ from tskv.core.scheduler import (
     foreign_event_to_wire_event,
     scheduler_kv_event_to_wire_event,
 )
-from tskv.core.sequencer import Loss, LossReason
 from tskv.curve.key_files import KeyFileError
 from tskv.shells.publisher import (
     Publisher,

@@ -219,7 +219,7 @@ def test_removed_workers_free_their_slot_and_blocks() -> None:
 def test_orphans_and_short_blocks_cannot_be_matched_but_are_removed_by_hash() -> None:
     index = PrefixIndex(BS)
     index.apply("w", [BlockStored([7], 999, [1, 1], BS), BlockStored([8], None, [1], BS)])
-    assert index.match([1, 1]) == {} and index.orphans == 2
+    assert index.match([1, 1]) == {} and index.statistics().orphans == 2
     index.apply("w", [BlockRemoved([7, 8])])
     assert index.engine_hashes("w") == set()
 
@@ -241,3 +241,16 @@ def test_the_simulators_stream_leaves_the_index_equal_to_its_cache() -> None:
         index.apply(name, run_round(sim, workload, 1))
     for name, (sim, _) in sims.items():
         assert index.engine_hashes(name) == sim.cached_hashes()
+
+
+def test_statistics_are_a_frozen_value_counting_what_the_index_could_not_use() -> None:
+    index = PrefixIndex(block_size=16)
+    index.apply("a", [BlockStored([1], None, list(range(32)), 32)])  # cut differently: unused
+    index.apply("b", [BlockStored([2], None, list(range(16)), 16)])
+    index.apply("b", [BlockStored([4], 3, list(range(16, 32)), 16)])  # its parent never seen
+    index.mark_stale("b")
+    stats = index.statistics()
+    assert (stats.workers, stats.stale, stats.blocks) == (2, 1, 1)
+    assert (stats.orphans, stats.mismatched) == (1, 1)
+    index.remove_worker("b")
+    assert stats.workers == 2 and index.statistics().workers == 1  # a value, not a view

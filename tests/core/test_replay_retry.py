@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tskv.core.losses import LossReason
 from tskv.core.replay_retry import REFUSAL_BACKOFF, AskAgain, GiveUp, ReplayAttempt
-from tskv.core.sequencer import LossReason
 
 
 def lowest(low: float, high: float) -> float:

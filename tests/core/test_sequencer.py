@@ -6,12 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tskv.core.losses import Loss, LossCounts, LossReason
 from tskv.core.sequencer import (
     Deliver,
     DeliverSnapshot,
-    Loss,
-    LossCounts,
-    LossReason,
     RequestReplay,
     RequestSnapshot,
     Sequencer,

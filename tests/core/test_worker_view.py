@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tskv.core.sequencer import Loss, LossReason
+from tskv.core.losses import Loss, LossReason
 from tskv.core.worker_view import ViewChange, WorkerView
 
 CLEAR, STALE, CURRENT = ViewChange.CLEAR, ViewChange.STALE, ViewChange.CURRENT

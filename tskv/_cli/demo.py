@@ -19,7 +19,7 @@ import trio
 from tskv._cli.options import sim_options
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
-from tskv.core.sequencer import Loss
+from tskv.core.losses import Loss
 from tskv.shells.publisher import Publisher, open_publisher
 from tskv.shells.subscriber import Subscriber, open_subscriber
 from tskv.sim import CacheView, SchedulerLoop, SimOptions, check_options

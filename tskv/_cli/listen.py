@@ -25,7 +25,7 @@ from tskv.core.events import (
     UnknownEvent,
     event_fields,
 )
-from tskv.core.sequencer import Loss
+from tskv.core.losses import Loss
 from tskv.shells._reachability import unreachable_reason
 from tskv.shells.subscriber import Subscriber, open_subscriber
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
+import attrs
+
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -100,6 +102,17 @@ class _WorkerView:
         self.extra_refs: dict[int, int] = {}
 
 
+@attrs.frozen
+class IndexStatistics:
+    """What the index holds, and what it could not use."""
+
+    workers: int
+    stale: int  # workers whose view is not to be trusted right now
+    blocks: int  # distinct blocks (by content) held by any worker
+    orphans: int  # blocks stored under a parent this index never saw: not matchable
+    mismatched: int  # BlockStored events whose block_size differs from the index's
+
+
 class PrefixIndex:
     """A prefix index over many workers' KV event streams."""
 
@@ -115,8 +128,8 @@ class PrefixIndex:
         # in query after query, and walking 64 bits in Python costs more than the rest of one.
         self._mask_workers: dict[int, tuple[Worker, ...]] = {}
         self._stale: set[Worker] = set()
-        self.orphans = 0  # blocks stored under a parent this index never saw: not matchable
-        self.mismatched = 0  # BlockStored events whose block_size differs from the index's
+        self._orphans = 0
+        self._mismatched = 0
 
     # -- the stream's side ------------------------------------------------------------------
 
@@ -148,7 +161,7 @@ class PrefixIndex:
     def _store(self, view: _WorkerView, event: BlockStored) -> None:
         size = self.block_size
         if event.block_size != size:
-            self.mismatched += 1  # its tokens cut into other blocks than queries do
+            self._mismatched += 1  # its tokens cut into other blocks than queries do
         tier = event.medium
         blocks, holders, bit = view.blocks, self._holders, view.bit
         parent = event.parent_block_hash
@@ -201,7 +214,7 @@ class PrefixIndex:
             chunk = chunks[index * size : (index + 1) * size]
             if key is None or len(chunk) != size:
                 key = None  # no parent known, or tokens missing: no query can reach it
-                self.orphans += 1
+                self._orphans += 1
                 keys.append(key)
                 continue
             identity = block_identity(extra, mm, index)
@@ -339,3 +352,12 @@ class PrefixIndex:
     def __len__(self) -> int:
         """Distinct blocks (by content) held by any worker."""
         return len(self._holders)
+
+    def statistics(self) -> IndexStatistics:
+        return IndexStatistics(
+            workers=len(self._views),
+            stale=len(self._stale),
+            blocks=len(self._holders),
+            orphans=self._orphans,
+            mismatched=self._mismatched,
+        )

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import attrs
 
-from tskv.core.sequencer import LossReason
+from tskv.core.losses import LossReason
 
 REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
 

@@ -14,7 +14,7 @@ import enum
 
 import attrs
 
-from tskv.core.sequencer import Loss, LossReason
+from tskv.core.losses import Loss, LossReason
 
 
 class ViewChange(enum.Enum):

@@ -8,16 +8,19 @@ T = TypeVar("T")
 
 
 class NoPublicConstructor(type):
-    """`Cls(...)` raises; the library calls `Cls._create(...)`.
+    """`Cls(...)` raises, naming the function that makes one; the library calls
+    `Cls._create(...)`.
 
-    A publisher is worth having only with its tasks running and its sockets open, which
-    `open_publisher` arranges; a bare constructor call would give a husk.
+    A publisher or subscriber is worth having only with its tasks running and its sockets
+    open, which its `open_*` function arranges; a bare constructor call would give a husk.
     """
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        opener = f"open_{cls.__name__.lower()}"
         raise TypeError(
-            f"{cls.__module__}.{cls.__qualname__} has no public constructor; "
-            f"use the function that opens one (open_publisher)"
+            f"tskv.{cls.__qualname__} has no public constructor; use `async with "
+            f"tskv.{opener}(...) as {cls.__name__.lower()}:`, which opens its sockets and "
+            "runs its tasks"
         )
 
     def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:

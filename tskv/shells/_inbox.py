@@ -7,7 +7,8 @@ from __future__ import annotations
 import attrs
 
 from tskv.core import frames
-from tskv.core.sequencer import LossReason, RequestReplay, RequestSnapshot
+from tskv.core.losses import LossReason
+from tskv.core.sequencer import RequestReplay, RequestSnapshot
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ _FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
     zmq.EVENT_HANDSHAKE_FAILED_AUTH,
 }
-_EVENTS = cast(int, zmq.EVENT_HANDSHAKE_SUCCEEDED) | cast(int, zmq.EVENT_CONNECT_RETRIED)
+_EVENTS = cast(int, zmq.EVENT_HANDSHAKE_SUCCEEDED)
 for _event in _FAILED:
     _EVENTS |= cast(int, _event)
 # pyzmq names a monitor's inproc endpoint after the socket's fd, and fds are reused: a socket
@@ -47,8 +47,6 @@ class SocketMonitor:
         self.hint = hint
         self.handshakes = 0
         self.handshake_failures = 0
-        self.refused_by_peer = 0  # failures where the peer said no (ZAP: key not allowed)
-        self.connect_retries = 0
         self.answered = trio.Event()  # set at the first successful handshake
         self._watched = sock
         address = f"inproc://tskv-monitor-{next(_MONITOR_NAMES)}"
@@ -63,11 +61,8 @@ class SocketMonitor:
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshakes += 1
                 self.answered.set()
-            elif kind == zmq.EVENT_CONNECT_RETRIED:
-                self.connect_retries += 1
             elif kind in _FAILED:
                 self.handshake_failures += 1
-                self.refused_by_peer += kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 peer = event["endpoint"].decode(errors="replace")
                 self._log.warning(
                     "%s: handshake with %s failed (%s); %s (%d failed so far)",

@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import Literal, final
 
 import attrs
 import trio
@@ -24,14 +24,12 @@ from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.codec import SEEN, WireError, decode_batch
 from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.events import KVEvent, KVEventBatch, UnknownEvent
+from tskv.core.losses import Loss, LossCounts, LossReason
 from tskv.core.sequencer import (
     MAX_HELD,
     Action,
     Deliver,
     DeliverSnapshot,
-    Loss,
-    LossCounts,
-    LossReason,
     RequestReplay,
     Sequencer,
     Silence,
@@ -88,6 +86,7 @@ class SubscriberStatistics:
     silent: bool  # the publisher is silent right now: its view is not to be trusted
 
 
+@final
 class Subscriber(metaclass=NoPublicConstructor):
     """What `open_subscriber` yields (and only it makes one): iterate it for `(seq, batch)`."""
 

@@ -15,17 +15,18 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import attrs
 import trio
 
 from tskv.core.endpoints import check_endpoint
 from tskv.core.events import KVEventBatch
+from tskv.core.losses import Loss
 from tskv.core.prefix_index import PrefixIndex, Worker
-from tskv.core.sequencer import Loss
 from tskv.core.worker_view import ViewChange, WorkerView
 from tskv.shells._background import background_tasks
+from tskv.shells._constructor import NoPublicConstructor
 from tskv.shells.subscriber import open_subscriber
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class _Watched:
         )
 
 
-class Watcher:
+@final
+class Watcher(metaclass=NoPublicConstructor):
     """What `open_watcher` yields: add and remove workers while it runs."""
 
     def __init__(
@@ -234,4 +236,4 @@ async def open_watcher(
     ends. `on_loss(worker, loss)` hears every loss report; `subscriber_options` go to every
     `open_subscriber` (e.g. `replay_timeout`, the CURVE keys, `context`)."""
     async with background_tasks() as nursery:
-        yield Watcher(index, nursery, on_loss, subscriber_options)
+        yield Watcher._create(index, nursery, on_loss, subscriber_options)
