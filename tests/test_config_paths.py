@@ -244,3 +244,73 @@ def test_the_testing_stream_stays_on_this_machine_whatever_config_says() -> None
     local = KVEventsConfig(endpoint="tcp://127.0.0.1:5557", replay_endpoint="ipc:///tmp/r")
     assert kept_on_this_machine(local) == local
     assert kept_on_this_machine(KVEventsConfig()).replay_endpoint is None
+
+
+# -- the subscriber's settings ------------------------------------------------------------------
+
+
+def every_subscriber_setting_changed(tmp_path: Path) -> dict[str, Any]:
+    """SubscriberConfig values that each differ from the default. A new setting must be added."""
+    server_public, _ = generate_keys(tmp_path / "server", "server")
+    _, client_secret = generate_keys(tmp_path / "client", "client")
+    values: dict[str, Any] = {
+        "topic": "kv-paths",
+        "start_seq": 3,
+        "snapshots": False,
+        "replay_timeout": 1.5,
+        "hwm": 77,
+        "max_held": 9,
+        "quiet_interval": 0.5,
+        "warn_unanswered_after": 2.5,
+        "curve_server_key": str(server_public),
+        "curve_secret_key": str(client_secret),
+    }
+    missing = sorted(tskv.core.config.subscriber_field_names() - set(values))
+    assert not missing, f"give these new settings a non-default value here: {missing}"
+    default = tskv.SubscriberConfig()
+    assert all(getattr(default, name) != value for name, value in values.items())
+    return values
+
+
+async def test_every_setting_reaches_the_subscriber_through_open_subscriber(
+    tmp_path: Path,
+) -> None:
+    values = every_subscriber_setting_changed(tmp_path)
+    port = free_loopback_port()
+    replay = f"tcp://127.0.0.1:{free_loopback_port()}"
+    async with tskv.open_subscriber(f"tcp://127.0.0.1:{port}", replay, **values) as sub:
+        assert sub.config == tskv.SubscriberConfig(**values)
+
+
+async def test_every_setting_reaches_each_workers_subscriber_through_the_watcher(
+    tmp_path: Path,
+) -> None:
+    values = every_subscriber_setting_changed(tmp_path)
+    del values["start_seq"]  # the watcher's own: each worker starts from its snapshot
+    replay = f"tcp://127.0.0.1:{free_loopback_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_loopback_port()}"
+    index = tskv.PrefixIndex()
+    async with tskv.open_watcher(index, **values) as watcher:
+        watcher.add("from-open", endpoint, replay)
+        watcher.add("from-add", endpoint, replay, hwm=5, topic="other")
+        expected = tskv.SubscriberConfig(**values, start_seq="snapshot")
+        assert watcher.status("from-open").config == expected
+        assert watcher.status("from-add").config == attrs.evolve(expected, hwm=5, topic="other")
+        watcher.add("live-only", endpoint)  # no replay: live only, whatever else is set
+        assert watcher.status("live-only").config.start_seq is None
+        with pytest.raises(TypeError, match=r"max_hold \(did you mean 'max_held'\?\)"):
+            watcher.add("typo", endpoint, max_hold=3)
+        with pytest.raises(TypeError, match="the watcher sets start_seq itself"):
+            watcher.add("own", endpoint, start_seq=0)
+        watcher.remove("from-open")
+        watcher.remove("from-add")
+        watcher.remove("live-only")
+
+
+async def test_a_bad_watcher_setting_is_refused_before_anything_runs() -> None:
+    with pytest.raises(tskv.ConfigError, match="replay_timeout = 0"):
+        async with tskv.open_watcher(tskv.PrefixIndex(), replay_timeout=0):
+            pass  # pragma: no cover
+    with pytest.raises(TypeError, match="not a subscriber setting: curve_key"):
+        async with tskv.open_watcher(tskv.PrefixIndex(), curve_key="x"):
+            pass  # pragma: no cover

@@ -1,7 +1,7 @@
 """tskv: KV-cache events from an LLM scheduler over ZeroMQ, published from Trio, with replay."""
 
 from tskv.core.codec import WireError, codec_name, decode_batch, encode_batch
-from tskv.core.config import ConfigError, KVEventsConfig
+from tskv.core.config import ConfigError, KVEventsConfig, SubscriberConfig
 from tskv.core.endpoints import EndpointError, offset_endpoint_port
 from tskv.core.errors import TskvError
 from tskv.core.events import (
@@ -62,6 +62,7 @@ __all__ = [
     "PublisherStatistics",
     "ReplayStatistics",
     "Subscriber",
+    "SubscriberConfig",
     "SubscriberStatistics",
     "TskvError",
     "UnknownEvent",

@@ -10,7 +10,7 @@ import difflib
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -91,9 +91,9 @@ def _optional_path(_: object, attribute: attrs.Attribute[Any], value: object) ->
         raise ConfigError(f"{attribute.name} = {value!r} does not exist; {fix}")
 
 
-def _of_type(kind: type) -> Validator:
+def _of_type(kind: type, optional: bool = False) -> Validator:
     def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, kind):
+        if not isinstance(value, kind) and not (optional and value is None):
             raise ConfigError(f"{attribute.name} = {value!r}: must be a {kind.__name__}")
 
     return check
@@ -210,3 +210,65 @@ def did_you_mean(name: str, choices: frozenset[str] | set[str]) -> str:
     """` (did you mean 'x'?)` for the closest of `choices`, or "" when none is close."""
     close = difflib.get_close_matches(name, sorted(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_start_seq(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None or value == "snapshot":
+        return
+    if isinstance(value, str):
+        raise ConfigError(
+            f'start_seq = {value!r}: use "snapshot" (start from the publisher\'s whole '
+            "cache), a seq (an int, 0 or more, fetched from replay first), or None (live only)"
+        )
+    int_at_least("start_seq", value, 0, ConfigError)
+
+
+def _check_quiet_interval(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        number_at_least(attribute.name, value, 0, above=True, error=ConfigError)
+
+
+def _check_curve_pair(
+    config: SubscriberConfig, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if value is not None and config.curve_server_key is None:
+        raise ConfigError("curve_secret_key needs curve_server_key (the publisher's public key)")
+
+
+@attrs.frozen
+class SubscriberConfig:
+    """How to subscribe, whatever the endpoints: what `open_subscriber`'s keywords make, and
+    what `open_watcher` gives every worker's subscriber (each `Watcher.add` may change some).
+    Checked when made, so a bad value is refused where it is written."""
+
+    topic: str = attrs.field(default="", validator=_of_type(str))
+    start_seq: int | Literal["snapshot"] | None = attrs.field(
+        default=None, validator=_check_start_seq
+    )
+    snapshots: bool = attrs.field(default=True, validator=_of_type(bool))
+    replay_timeout: float = attrs.field(default=5.0, validator=_number(0, above=True))
+    hwm: int = attrs.field(default=100_000, validator=_integer(0))
+    max_held: int = attrs.field(default=10_000, validator=_integer(1))
+    quiet_interval: float | None = attrs.field(default=2.0, validator=_check_quiet_interval)
+    warn_unanswered_after: float = attrs.field(default=5.0, validator=_number(0, above=True))
+    # the key files are read, and their errors raised, when the subscriber opens
+    curve_server_key: str | None = attrs.field(default=None, validator=_of_type(str, optional=True))
+    curve_secret_key: str | None = attrs.field(
+        default=None, validator=[_of_type(str, optional=True), _check_curve_pair]
+    )
+
+    def but(self, **changes: Any) -> SubscriberConfig:
+        """This config with `changes`; a name that is no setting is refused, naming the
+        closest one."""
+        unknown = sorted(set(changes) - subscriber_field_names())
+        if unknown:
+            known = subscriber_field_names()
+            raise TypeError(
+                "not a subscriber setting: "
+                + ", ".join(f"{name}{did_you_mean(name, known)}" for name in unknown)
+            )
+        return attrs.evolve(self, **changes)
+
+
+def subscriber_field_names() -> frozenset[str]:
+    return frozenset(field.name for field in attrs.fields(SubscriberConfig))

@@ -20,8 +20,8 @@ import trio
 import zmq
 
 from tskv.core import frames
-from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.codec import SEEN, WireError, decode_batch
+from tskv.core.config import SubscriberConfig
 from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.events import KVEvent, KVEventBatch, UnknownEvent
 from tskv.core.losses import Loss, LossCounts, LossReason
@@ -92,6 +92,7 @@ class Subscriber(metaclass=NoPublicConstructor):
 
     def __init__(
         self,
+        config: SubscriberConfig,
         sequencer: Sequencer,
         inbox: trio.MemoryReceiveChannel[Inbound],
         requests: trio.MemorySendChannel[Request],
@@ -101,6 +102,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         replay: ReplayClient | None,
         on_silence: Callable[[bool], object] | None = None,
     ) -> None:
+        self.config = config  # the settings it runs with
         self.endpoint = endpoint  # as really bound, when the subscriber binds
         self._monitors = monitors
         self._replay = replay
@@ -358,96 +360,146 @@ async def open_subscriber(
 
     Gaps are repaired from `replay_endpoint`. What cannot be repaired is never hidden: it is
     counted, logged, and passed to `on_loss(loss)` just before the next batch is delivered.
-    `start_seq` fetches earlier batches from replay first (a late joiner's bootstrap);
-    `start_seq="snapshot"` starts instead from the publisher's snapshot of its whole cache (one
-    batch that clears, then stores every cached block), then goes on live. With `snapshots`
-    (the default), a hole replay can no longer fill is restored from a snapshot too, reported
-    to `on_loss` with reason SNAPSHOT just before that batch; a publisher that serves no
-    snapshots leaves it reported as EVICTED.
-    `max_held` bounds the live batches held while a gap is repaired (later ones are fetched
-    from replay once it drains, or reported lost when replay has them no more). With a replay
-    endpoint, a stream quiet for `quiet_interval` seconds (None: never) is probed: replay is
-    asked what followed the last batch delivered, so batches lost at the very end, and a
-    publisher that restarted and went quiet, are found out; a probe unanswered for as long again
-    means the publisher is silent, reported to `on_silence(True)` (and `on_silence(False)`
-    when it answers again) so a router stops trusting that worker. If no publisher has
-    answered `warn_unanswered_after` seconds after connecting, a warning says so (and why, when
-    it can tell). For an encrypted publisher, `curve_server_key` is its public certificate
-    file and `curve_secret_key` this subscriber's secret certificate file (without one, an
-    ephemeral key pair is used, which a publisher that allows any client accepts).
+    The settings are checked as a `tskv.SubscriberConfig` before any socket opens.
+
+    Args:
+      endpoint: the publisher's PUB endpoint (a `*` in it makes this side bind).
+      replay_endpoint: its replay endpoint; without one, gaps are reported, not repaired.
+      topic: only batches whose topic starts with this.
+      start_seq: fetch batches from this seq on from replay first (a late joiner's bootstrap);
+        `"snapshot"` starts from the publisher's snapshot of its whole cache instead (one batch
+        that clears, then stores every cached block); None: live only.
+      snapshots: restore a hole replay can no longer fill from a snapshot, reported to `on_loss`
+        with reason SNAPSHOT just before that batch (a publisher without them: EVICTED).
+      on_loss: called with each `Loss`, just before the next batch is delivered.
+      replay_timeout: seconds a replay request may go unanswered (or keep being refused).
+      hwm: the SUB socket's receive high-water mark.
+      max_held: live batches held while a gap is repaired (later ones are fetched from replay
+        once it drains, or reported lost when replay has them no more).
+      quiet_interval: with a replay endpoint, a stream quiet this long is probed (None: never):
+        batches lost at the very end, and a publisher that restarted and went quiet, are found
+        out; a probe unanswered for as long again means the publisher is silent.
+      on_silence: called with True when the publisher goes silent, False when it answers.
+      warn_unanswered_after: seconds after connecting with no publisher answering before a
+        warning says so (and why, when it can tell).
+      curve_server_key: an encrypted publisher's public certificate file.
+      curve_secret_key: this subscriber's secret certificate file (without one, an ephemeral
+        key pair is used, which a publisher that allows any client accepts).
+      context: the ZeroMQ context (default: the process's).
+
+    Raises:
+      EndpointError: an endpoint is not a ZeroMQ address.
+      ConfigError: a setting is out of range (a ValueError).
+      ValueError: a `start_seq` without a replay endpoint to fetch it from.
+      KeyFileError: a CURVE key file is missing, unreadable or not a key.
+      AttachError: the SUB socket cannot bind or connect (an OSError).
     """
+    config = SubscriberConfig(
+        topic=topic,
+        start_seq=start_seq,
+        snapshots=snapshots,
+        replay_timeout=replay_timeout,
+        hwm=hwm,
+        max_held=max_held,
+        quiet_interval=quiet_interval,
+        warn_unanswered_after=warn_unanswered_after,
+        curve_server_key=curve_server_key,
+        curve_secret_key=curve_secret_key,
+    )
+    async with subscribe(
+        endpoint, replay_endpoint, config, on_loss=on_loss, on_silence=on_silence, context=context
+    ) as subscriber:
+        yield subscriber
+
+
+@asynccontextmanager
+async def subscribe(
+    endpoint: str,
+    replay_endpoint: str | None,
+    config: SubscriberConfig,
+    *,
+    on_loss: Callable[[Loss], object] | None = None,
+    on_silence: Callable[[bool], object] | None = None,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+) -> AsyncIterator[Subscriber]:
+    """`open_subscriber` with its settings already made into a `SubscriberConfig` (the
+    watcher gives every worker's subscriber one)."""
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
-    if isinstance(start_seq, str) and start_seq != "snapshot":
-        raise ValueError(
-            f'start_seq = {start_seq!r}: use "snapshot" (start from the publisher\'s whole '
-            "cache), a seq (an int, 0 or more, fetched from replay first), or None (live only)"
-        )
-    if start_seq is not None and start_seq != "snapshot":
-        int_at_least("start_seq", start_seq, 0)
-    number_at_least("replay_timeout", replay_timeout, 0, above=True)
-    int_at_least("max_held", max_held, 1)
-    if quiet_interval is not None:
-        number_at_least("quiet_interval", quiet_interval, 0, above=True)
-    number_at_least("warn_unanswered_after", warn_unanswered_after, 0, above=True)
-    if curve_secret_key is not None and curve_server_key is None:
-        raise ValueError("curve_secret_key needs curve_server_key (the publisher's public key)")
-    security = (
-        None
-        if curve_server_key is None
-        else ClientSecurity.from_files(curve_server_key, curve_secret_key)
-    )
+    security = None
+    if config.curve_server_key is not None:
+        security = ClientSecurity.from_files(config.curve_server_key, config.curve_secret_key)
+    has_replay = replay_endpoint is not None
     sequencer = Sequencer(
-        replay_endpoint is not None, start_seq, snapshots=snapshots, max_held=max_held
+        has_replay, config.start_seq, snapshots=config.snapshots, max_held=config.max_held
     )
     first_actions = sequencer.start()
     context = context or zmq.Context.instance()
-    sock = context.socket(zmq.SUB)
-    try:
-        sock.setsockopt(zmq.RCVHWM, hwm)
-        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        if security is not None:
-            security.apply(sock)
-        monitor = SocketMonitor(sock, f"subscriber {endpoint}", SERVER_HINT)
-        binds = should_bind(endpoint, subscriber=True)
-        address = attach(sock, endpoint, bind=binds)
-    except BaseException:
-        sock.close(linger=0)
-        raise
-    sub = TrioSocket(sock)
+    binds = should_bind(endpoint, subscriber=True)
+    sub, monitor, address = _open_sub(context, endpoint, binds, config, security)
     inbox_send, inbox_receive = trio.open_memory_channel[Inbound](INBOX_SIZE)
     requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
     replay: ReplayClient | None = None
     try:
         if replay_endpoint is not None:
-            probe_timeout = min(replay_timeout, quiet_interval or replay_timeout)
-            replay = ReplayClient(
-                context,
-                replay_endpoint,
-                replay_timeout,
-                inbox_send,
-                security,
-                probe_timeout,
-                topic.encode(),
-            )
+            replay = _replay_client(context, replay_endpoint, config, inbox_send, security)
         subscriber = Subscriber._create(
-            sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay, on_silence
-        )
+            config, sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay,
+            on_silence,
+        )  # fmt: skip
         heard = _LastHeard(trio.current_time())
         subscriber._apply(first_actions)
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
             if not binds:
-                nursery.start_soon(warn_if_unanswered, endpoint, monitor, warn_unanswered_after)
+                after = config.warn_unanswered_after
+                nursery.start_soon(warn_if_unanswered, endpoint, monitor, after)
             nursery.start_soon(_read_live, sub, inbox_send, heard)
             if replay is not None:
                 nursery.start_soon(replay.run, requests_receive)
-                if quiet_interval is not None:
-                    nursery.start_soon(_probe_when_quiet, heard, quiet_interval, inbox_send)
+                if config.quiet_interval is not None:
+                    interval = config.quiet_interval
+                    nursery.start_soon(_probe_when_quiet, heard, interval, inbox_send)
             yield subscriber
     finally:
         monitor.close()
         sub.close()
         if replay is not None:
             replay.close()
+
+
+def _open_sub(
+    context: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    binds: bool,
+    config: SubscriberConfig,
+    security: ClientSecurity | None,
+) -> tuple[TrioSocket, SocketMonitor, str]:
+    """The SUB socket, subscribed and attached, with its monitor and its real address."""
+    sock = context.socket(zmq.SUB)
+    try:
+        sock.setsockopt(zmq.RCVHWM, config.hwm)
+        sock.setsockopt(zmq.SUBSCRIBE, config.topic.encode())
+        if security is not None:
+            security.apply(sock)
+        monitor = SocketMonitor(sock, f"subscriber {endpoint}", SERVER_HINT)
+        address = attach(sock, endpoint, bind=binds)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return TrioSocket(sock), monitor, address
+
+
+def _replay_client(
+    context: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    config: SubscriberConfig,
+    inbox: trio.MemorySendChannel[Inbound],
+    security: ClientSecurity | None,
+) -> ReplayClient:
+    timeout = config.replay_timeout
+    probe_timeout = min(timeout, config.quiet_interval or timeout)  # a probe waits one interval
+    return ReplayClient(
+        context, endpoint, timeout, inbox, security, probe_timeout, config.topic.encode()
+    )

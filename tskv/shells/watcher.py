@@ -15,11 +15,13 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal, final
+from typing import Any, final
 
 import attrs
 import trio
+import zmq
 
+from tskv.core.config import SubscriberConfig
 from tskv.core.endpoints import check_endpoint
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss
@@ -27,7 +29,7 @@ from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.worker_view import ViewChange, WorkerView
 from tskv.shells._background import background_tasks
 from tskv.shells._constructor import NoPublicConstructor
-from tskv.shells.subscriber import open_subscriber
+from tskv.shells.subscriber import subscribe
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class WorkerStatus:
     last_error: str | None = None
     last_seq: int | None = None
     silent: bool = False  # its publisher did not answer a probe of its quiet stream
+    config: SubscriberConfig = attrs.Factory(SubscriberConfig)  # its subscriber's settings
 
 
 @attrs.define
@@ -55,7 +58,7 @@ class _Watched:
     endpoint: str
     replay_endpoint: str | None
     scope: trio.CancelScope
-    options: dict[str, Any]
+    config: SubscriberConfig
     view: WorkerView = attrs.Factory(WorkerView)
     batches: int = 0
     losses: int = 0
@@ -74,6 +77,7 @@ class _Watched:
             self.last_error,
             self.last_seq,
             self.silent,
+            self.config,
         )
 
 
@@ -86,17 +90,14 @@ class Watcher(metaclass=NoPublicConstructor):
         index: PrefixIndex,
         nursery: trio.Nursery,
         on_loss: Callable[[Worker, Loss], object] | None,
-        subscriber_options: dict[str, Any],
+        config: SubscriberConfig,
+        context: zmq.Context[zmq.Socket[bytes]] | None,
     ) -> None:
-        if {"on_loss", "start_seq", "on_silence"} & subscriber_options.keys():
-            raise TypeError(
-                "the watcher sets on_loss, on_silence and start_seq itself; pass "
-                "on_loss=f(worker, loss) to open_watcher instead"
-            )
         self.index = index
         self._nursery = nursery
         self._on_loss = on_loss
-        self._options = subscriber_options
+        self.config = config  # every worker's subscriber settings, less what `add` changes
+        self._context = context
         self._watched: dict[Worker, _Watched] = {}
         self._changed = trio.lowlevel.ParkingLot()
 
@@ -105,17 +106,18 @@ class Watcher(metaclass=NoPublicConstructor):
         worker: Worker,
         endpoint: str,
         replay_endpoint: str | None = None,
-        **subscriber_options: Any,
+        **subscriber_settings: Any,
     ) -> None:
         """Start following `worker`'s stream; it is stale in the index until its view is whole.
-        `subscriber_options` (e.g. this worker's `curve_server_key`) add to the watcher's."""
+        `subscriber_settings` (e.g. this worker's `curve_server_key`) change the watcher's
+        `config` for this worker; they are checked here, so a bad one raises now."""
         if worker in self._watched:
             raise ValueError(f"worker {worker!r} is already watched; remove it first")
         check_endpoint(endpoint)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
-        options = {**self._options, **subscriber_options}
-        watched = _Watched(endpoint, replay_endpoint, trio.CancelScope(), options)
+        config = _worker_config(_changed(self.config, subscriber_settings), replay_endpoint)
+        watched = _Watched(endpoint, replay_endpoint, trio.CancelScope(), config)
         self._watched[worker] = watched
         self.index.mark_stale(worker)
         self._nursery.start_soon(self._follow, worker, watched)
@@ -185,7 +187,6 @@ class Watcher(metaclass=NoPublicConstructor):
                 backoff = min(backoff * 2, longest)
 
     async def _subscribe(self, worker: Worker, watched: _Watched) -> None:
-        start: Literal["snapshot"] | None = "snapshot" if watched.replay_endpoint else None
 
         def on_loss(loss: Loss) -> None:
             watched.losses += 1
@@ -203,13 +204,13 @@ class Watcher(metaclass=NoPublicConstructor):
                 return
             self._change(worker, watched.view.silence(silent, worker in self.index.stale))
 
-        async with open_subscriber(
+        async with subscribe(
             watched.endpoint,
             watched.replay_endpoint,
-            start_seq=start,
+            watched.config,
             on_loss=on_loss,
             on_silence=on_silence,
-            **watched.options,
+            context=self._context,
         ) as sub:
             async for seq, batch in sub:
                 self._apply(worker, watched, seq, batch)
@@ -225,15 +226,49 @@ class Watcher(metaclass=NoPublicConstructor):
         self._changed.unpark_all()
 
 
+WATCHER_SETS = frozenset({"start_seq", "on_loss", "on_silence"})
+
+
+def _changed(config: SubscriberConfig, settings: dict[str, Any]) -> SubscriberConfig:
+    ours = sorted(WATCHER_SETS & settings.keys())
+    if ours:
+        raise TypeError(
+            f"the watcher sets {', '.join(ours)} itself (each worker starts from its "
+            "snapshot); pass on_loss=f(worker, loss) to open_watcher for the losses"
+        )
+    return config.but(**settings)
+
+
+def _worker_config(config: SubscriberConfig, replay_endpoint: str | None) -> SubscriberConfig:
+    return config.but(start_seq="snapshot" if replay_endpoint else None)
+
+
 @asynccontextmanager
 async def open_watcher(
     index: PrefixIndex,
     *,
     on_loss: Callable[[Worker, Loss], object] | None = None,
-    **subscriber_options: Any,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    **subscriber_settings: Any,
 ) -> AsyncIterator[Watcher]:
     """Keep `index` current from the workers added to the yielded `Watcher`, until the block
-    ends. `on_loss(worker, loss)` hears every loss report; `subscriber_options` go to every
-    `open_subscriber` (e.g. `replay_timeout`, the CURVE keys, `context`)."""
+    ends.
+
+    Args:
+      index: the `PrefixIndex` to keep current; each worker's view is marked stale while it
+        cannot be vouched for.
+      on_loss: called as `on_loss(worker, loss)` for every loss report.
+      context: the ZeroMQ context every worker's subscriber uses.
+      **subscriber_settings: `SubscriberConfig` settings for every worker's subscriber (e.g.
+        `replay_timeout`, `quiet_interval`, the CURVE keys); `Watcher.add` may change them for
+        one worker. The watcher starts each worker from its snapshot itself (`start_seq`) and
+        sets `on_loss` and `on_silence` itself.
+
+    Raises:
+      TypeError: a setting that is not a subscriber setting (the closest one is named), or one
+        the watcher sets itself.
+      ConfigError: a setting out of range (a ValueError).
+    """
+    config = _changed(SubscriberConfig(), subscriber_settings)
     async with background_tasks() as nursery:
-        yield Watcher._create(index, nursery, on_loss, subscriber_options)
+        yield Watcher._create(index, nursery, on_loss, config, context)
