@@ -3,7 +3,7 @@
 from tskv.core.codec import WireError, codec_name, decode_batch, encode_batch
 from tskv.core.config import ConfigError, KVEventsConfig, SubscriberConfig
 from tskv.core.endpoints import EndpointError, offset_endpoint_port
-from tskv.core.errors import TskvError
+from tskv.core.errors import TskvError, TskvWarning
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -65,6 +65,7 @@ __all__ = [
     "SubscriberConfig",
     "SubscriberStatistics",
     "TskvError",
+    "TskvWarning",
     "UnknownEvent",
     "Watcher",
     "WireError",

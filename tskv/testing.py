@@ -16,6 +16,7 @@ threads or asyncio are testable). `tskv.pytest_plugin` turns them into fixtures.
 from __future__ import annotations
 
 import errno
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -25,7 +26,7 @@ import trio
 import zmq
 
 from tskv.core import frames
-from tskv.core.codec import encode_batch
+from tskv.core.codec import DroppedFields, encode_batch
 from tskv.core.config import KVEventsConfig, did_you_mean
 from tskv.core.endpoints import LOOPBACK, on_this_machine
 from tskv.core.events import KVEvent, KVEventBatch
@@ -40,6 +41,8 @@ from tskv.sim import Simulator, Workload, run_round
 CORRUPT_PAYLOAD = b"\xc1 this is not msgpack"
 ReplayLayout = WireFormat
 ReplayMode = Literal["answer", "never", "refuse"]
+
+logger = logging.getLogger(__name__)
 
 
 class ScriptedPublisher:
@@ -83,6 +86,7 @@ class ScriptedPublisher:
         self.replay_requests: list[int | None] = []
         self._pub = pub
         self._subscriptions = 0
+        self._dropped = DroppedFields(logger.warning)
         self._made = True  # from here on, a name that is no setting is a typo
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -95,7 +99,7 @@ class ScriptedPublisher:
 
     def payload(self, events: Iterable[KVEvent], ts: float = 1.0) -> bytes:
         batch = KVEventBatch(ts, list(events), self.rank)
-        return encode_batch(batch, self.wire_format, strict=True)
+        return encode_batch(batch, self.wire_format, strict=True, dropped=self._dropped)
 
     async def wait_for_subscriber(self) -> None:
         """Wait until a subscription for this topic has arrived (the slow-joiner problem)."""

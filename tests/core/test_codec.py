@@ -153,35 +153,39 @@ def test_the_tokenspeed_wire_round_trips_through_each_codec(batch: KVEventBatch)
         assert codec.decode_batch(payloads["msgpack"]) == batch
 
 
-def test_optional_fields_on_the_tokenspeed_wire_are_dropped_counted_and_logged_once(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    dropped = DroppedFields()
+def test_optional_fields_on_the_tokenspeed_wire_are_dropped_counted_and_said_once() -> None:
+    said: list[str] = []
+    dropped = DroppedFields(said.append)
     events = [BlockStored([1], None, [1], 1, medium="CPU"), BlockRemoved([1], group_idx=2)]
-    with caplog.at_level(logging.WARNING, logger="tskv"):
-        for _ in range(3):
-            payload = encode_round(1.0, events, 0, dropped=dropped)
+    for _ in range(3):
+        payload = encode_round(1.0, events, 0, dropped=dropped)
     assert payload == encode_round(1.0, [BlockStored([1], None, [1], 1), BlockRemoved([1])], 0)
     assert dropped.events == 6
-    [record] = caplog.records
-    assert "no slot for medium" in record.getMessage()
-    assert "wire_format='vllm'" in record.getMessage()
+    [message] = said
+    assert "no slot for medium" in message and "wire_format='vllm'" in message
 
 
-def test_what_the_tokenspeed_wire_cannot_carry_is_dropped_counted_and_logged_once(
+def test_without_a_counter_of_its_own_a_drop_is_a_python_warning_not_a_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    batch = KVEventBatch(1.0, [BlockStored([1], None, [1], 1, cache_salt="t")], 0)
+    with caplog.at_level(logging.DEBUG), pytest.warns(tskv.TskvWarning, match="cache_salt"):
+        tskv.encode_batch(batch, "tokenspeed", dropped=DroppedFields())
+    assert caplog.records == []  # the core never logs
+
+
+def test_what_the_tokenspeed_wire_cannot_carry_is_dropped_counted_and_said_once() -> None:
     salted = BlockStored([1], None, ["<image>"], 1, cache_salt="t", unknown_fields={"new": 1})
     events = [UnknownEvent("BlockTouched", {"hits": 3}), salted, AllBlocksCleared({"why": "x"})]
-    dropped = DroppedFields()
-    with caplog.at_level(logging.WARNING, logger="tskv"):
-        payload = encode_round(1.0, events, 0, dropped=dropped)
+    said: list[str] = []
+    dropped = DroppedFields(said.append)
+    payload = encode_round(1.0, events, 0, dropped=dropped)
     assert payload is not None
     assert msgpack.unpackb(payload) == [1.0, [["BlockStored", [1], None, ["<image>"], 1],
                                                ["AllBlocksCleared"]], 0]  # fmt: skip
     assert dropped.events == 3
-    [record] = caplog.records
-    assert "no slot for events of type 'BlockTouched'" in record.getMessage()
+    [message] = said
+    assert "no slot for events of type 'BlockTouched'" in message
 
 
 def test_positional_events_keep_what_follows_their_known_fields() -> None:
@@ -458,7 +462,7 @@ def test_every_optional_field_leaves_the_tokenspeed_fast_path_and_reaches_the_vl
     kind: type, name: str
 ) -> None:
     event = one_field_set(kind, name)
-    dropped = DroppedFields()
+    dropped = DroppedFields(lambda message: None)
     encode_round(0.0, [event], 0, "tokenspeed", dropped=dropped)
     assert dropped.events == 1, f"{kind.__name__}.{name} took the fast path and was lost"
     payload = encode_round(0.0, [event], 0, "vllm")

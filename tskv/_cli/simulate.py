@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from contextlib import AsyncExitStack
 from typing import TextIO
@@ -18,12 +19,14 @@ from tskv.sim import SchedulerLoop, SimOptions, check_options
 
 ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end
 
+logger = logging.getLogger(__name__)
+
 
 def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
     """The publisher config `tskv simulate` runs with: --kv-events-config, then the flags."""
     base = KVEventsConfig()
     if args.kv_events_config is not None:
-        base = KVEventsConfig.from_json(args.kv_events_config)
+        base = KVEventsConfig.from_json(args.kv_events_config, logger.warning)
     flags = {
         "endpoint": args.endpoint,
         "replay_endpoint": args.replay_endpoint,

@@ -14,7 +14,6 @@ anything that does not fit that fast path goes through the general one, which ch
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -23,7 +22,7 @@ import attrs
 import msgpack
 
 from tskv.core._msgspec import msgspec
-from tskv.core.errors import TskvError
+from tskv.core.errors import TskvError, Warn, python_warning
 from tskv.core.events import (
     ALWAYS_SENT,
     KNOWN_EVENT_TYPES,
@@ -47,8 +46,6 @@ from tskv.core.events import (
 )
 from tskv.core.wire_format import WireFormat, unknown_wire
 
-logger = logging.getLogger(__name__)
-
 
 class WireError(TskvError, ValueError):
     """A payload that is not a KV event batch in any dialect tskv knows; says what was wrong."""
@@ -57,8 +54,9 @@ class WireError(TskvError, ValueError):
 @attrs.define
 class DroppedFields:
     """What the TokenSpeed wire had no slot for (optional or unknown fields, events of an
-    unknown type): counted, and logged once."""
+    unknown type): counted, and said once through `warn` (a publisher passes its logger's)."""
 
+    warn: Warn = python_warning
     events: int = 0
     skipped: int = 0  # of those, events left out whole (their type has no slot either)
 
@@ -70,11 +68,10 @@ class DroppedFields:
                 what = f"events of type {event.type!r} (sent without them)"
             else:
                 what = f"{', '.join(set_optional_fields(event))} (events are sent without it)"
-            logger.warning(
-                "the tokenspeed wire has no slot for %s; counted in "
+            self.warn(
+                f"the tokenspeed wire has no slot for {what}; counted in "
                 "statistics().events_with_dropped_fields; set wire_format='vllm' to send it. "
-                "Logged once per publisher.",
-                what,
+                "Said once per publisher."
             )
         self.events += 1
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import os
 from typing import Any, Literal
 
@@ -16,10 +15,8 @@ import attrs
 
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.endpoints import check_endpoint, should_bind
-from tskv.core.errors import TskvError
+from tskv.core.errors import TskvError, Warn, python_warning
 from tskv.core.wire_format import WIRE_FORMATS, Layout, WireFormat, layout
-
-logger = logging.getLogger(__name__)
 
 Validator = Any  # attrs' validator protocol, too loose to spell usefully
 
@@ -171,31 +168,30 @@ class KVEventsConfig:
         return layout(self.wire_format, self.topic)
 
     @classmethod
-    def from_cli(cls, cli_value: str) -> KVEventsConfig:
+    def from_cli(cls, cli_value: str, warn: Warn = python_warning) -> KVEventsConfig:
         """TokenSpeed's name for `from_json`: parse the `--kv-events-config` value."""
-        return cls.from_json(cli_value)
+        return cls.from_json(cli_value, warn)
 
     @classmethod
-    def from_json(cls, text: str) -> KVEventsConfig:
-        """Parse a `--kv-events-config` string. Unknown keys are kept out but logged."""
+    def from_json(cls, text: str, warn: Warn = python_warning) -> KVEventsConfig:
+        """Parse a `--kv-events-config` string. Unknown keys are kept out, and named to
+        `warn` (the shells pass their logger's warning; by default, Python's warnings)."""
         try:
             data = json.loads(text)
         except (TypeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"kv events config is not valid JSON ({exc}): {text!r}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"kv events config must be a JSON object, got {text!r}")
-        return cls.from_mapping(data)
+        return cls.from_mapping(data, warn)
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> KVEventsConfig:
-        """Build from keys and values; keys tskv does not use are logged and left out."""
+    def from_mapping(cls, data: dict[str, Any], warn: Warn = python_warning) -> KVEventsConfig:
+        """Build from keys and values; keys tskv does not use are left out, named to `warn`."""
         known = field_names()
         unknown = sorted(set(data) - known)
         if unknown:  # TokenSpeed's config ignores unknown keys too: warn, and say what was meant
-            logger.warning(
-                "kv events config: ignoring keys tskv does not use: %s",
-                ", ".join(f"{key}{did_you_mean(key, known)}" for key in unknown),
-            )
+            names = ", ".join(f"{key}{did_you_mean(key, known)}" for key in unknown)
+            warn(f"kv events config: ignoring keys tskv does not use: {names}")
         return cls(**{key: value for key, value in data.items() if key in known})
 
     def to_mapping(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from tskv.core.codec import decode_batch, encode_round
+from tskv.core.codec import DroppedFields, decode_batch, encode_round
 from tskv.core.events import (
     EVENT_TYPES,
     PER_BLOCK,
@@ -137,9 +137,16 @@ class SnapshotBuilder:
         if events is None:
             return None
         self.parts_made += 1
-        payload = encode_round(self._ts, events, self._rank, self._wire_format)
+        payload = encode_round(
+            self._ts, events, self._rank, self._wire_format, dropped=_SAID_WHEN_PUBLISHED
+        )
         assert payload is not None  # a part holds at least one event
         return payload
+
+
+# What the wire cannot carry of a cached block was counted and said when its batch was
+# published; a snapshot sends the same blocks again, and says nothing new.
+_SAID_WHEN_PUBLISHED = DroppedFields(lambda message: None)
 
 
 def _parts(tiers: list[tuple[Tier | None, Blocks]], part_blocks: int) -> Iterator[list[KVEvent]]:

@@ -104,7 +104,7 @@ class Publisher(metaclass=NoPublicConstructor):
         self._buffer = buffer
         self._state = state  # what snapshots are made from; None when they are off
         self._security = security
-        self._dropped = DroppedFields()
+        self._dropped = DroppedFields(logger.warning)
         self._accepted = 0
         self._pacer = Pacer()
 

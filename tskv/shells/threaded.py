@@ -125,7 +125,7 @@ class ZmqEventPublisher(EventPublisher):
         self._handoff: deque[Queued] = deque()
         self._handoff_scheduled = False
         self._lost_in_handoff = 0  # handed over as the publisher died: counted unsent
-        self._dropped = DroppedFields()
+        self._dropped = DroppedFields(logger.warning)
         self._closed = False
         self._loop = TrioThread(
             self._open, f"tskv-publisher-{attn_dp_rank}", on_failure=self._loop_failed
@@ -296,7 +296,7 @@ class EventPublisherFactory:
     @staticmethod
     def _config(config_json: str | None) -> KVEventsConfig | None:
         # None or "" means no config at all, as TokenSpeed reads it: events off
-        return KVEventsConfig.from_json(config_json) if config_json else None
+        return KVEventsConfig.from_json(config_json, logger.warning) if config_json else None
 
     @classmethod
     def is_enabled(cls, config_json: str | None) -> bool:
