@@ -94,3 +94,36 @@ def test_a_core_module_never_reaches_trio_or_zmq(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [], f"{module} brings in {done.stdout.strip()}"
+
+
+# Sizes a reader takes in at once, counted in lines of code (docstrings aside: the entry points
+# are asked to document their transitions, which should not cost them their place). Argument
+# parsing is a list of flags, not logic, and is exempt.
+MAX_MODULE, MAX_CLASS, MAX_FUNCTION = 600, 220, 60
+FLAG_LISTS = {"build_parser", "sim_flags"}
+
+
+def code_lines(node: ast.AST) -> int:
+    docs = 0
+    for inner in ast.walk(node):
+        body = getattr(inner, "body", None)
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs += (first.end_lineno or first.lineno) - first.lineno + 1
+    return (getattr(node, "end_lineno", 0) or 0) - getattr(node, "lineno", 0) + 1 - docs
+
+
+def test_no_module_class_or_function_is_too_big_to_read_at_once() -> None:
+    too_big = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE:
+            too_big.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and code_lines(node) > MAX_CLASS:
+                too_big.append(f"class {node.name}: {code_lines(node)}")
+            function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if function and node.name not in FLAG_LISTS and code_lines(node) > MAX_FUNCTION:
+                too_big.append(f"{path.name} {node.name}(): {code_lines(node)}")
+    assert too_big == []

@@ -200,7 +200,7 @@ def test_an_absurd_jump_is_a_discontinuity_not_a_loss_of_2_to_the_63() -> None:
         Loss(10, None, LossReason.RESTART, new_seq=2**63),
         Deliver(2**63, b"garbage", False),
     ]
-    assert not s.pending
+    assert not s.order.pending
     # The real stream goes on: to this subscriber that is a seq going back, a restart.
     assert s.live(10, p(10)) == [
         Loss(2**63 + 1, None, LossReason.RESTART, new_seq=0),
@@ -214,7 +214,7 @@ def test_the_hold_is_bounded_and_what_it_let_go_is_fetched_again() -> None:
     assert s.live(2, p(2)) == [RequestReplay(0, 1)]
     for seq in range(3, 10):
         assert s.live(seq, p(seq)) == []
-    assert sorted(s.pending) == [2, 3, 4]  # 5..9 were let go, not held
+    assert sorted(s.order.pending) == [2, 3, 4]  # 5..9 were let go, not held
     s.replayed(1, 0, p(0))
     assert [a.seq for a in s.replayed(1, 1, p(1)) if isinstance(a, Deliver)] == [1, 2, 3, 4]
     assert s.replay_ended(1) == [RequestReplay(4, 2)]  # ask for what was let go
@@ -273,7 +273,7 @@ def test_every_seq_is_delivered_once_or_reported_lost(
             actions = s.live(seq, p(seq))
             run(actions)
             taken = any(isinstance(a, Deliver) and a.seq == seq for a in actions)
-            if not taken and seq not in s.pending:
+            if not taken and seq not in s.order.pending:
                 let_go.add(seq)
         serve(published)
     while requests:
@@ -281,7 +281,7 @@ def test_every_seq_is_delivered_once_or_reported_lost(
     run(s.quiet())  # the stream goes quiet: what it lost at its end is asked for
     while requests:
         serve(requests[0][0])
-    assert len(s.pending) <= max_held
+    assert len(s.order.pending) <= max_held
     seen: list[int] = []
     for item in out:
         if isinstance(item, Deliver):
@@ -383,7 +383,7 @@ def test_a_snapshot_bootstrap_holds_live_batches_then_goes_on_from_the_snapshot(
     actions = s.replay_ended(1)
     assert actions[0] == DeliverSnapshot(6, [b"part0", b"part1"], None)  # asked for: no loss
     assert delivered(actions) == [7, 8]  # 5 is inside the snapshot: not delivered again
-    assert not s.pending and not s.repairing
+    assert not s.order.pending and not s.asking.busy
 
 
 def test_a_snapshot_bootstrap_from_a_publisher_without_them_falls_back_to_replay() -> None:

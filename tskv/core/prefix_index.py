@@ -102,6 +102,30 @@ class _WorkerView:
         self.extra_refs: dict[int, int] = {}
 
 
+def keys_slowly(
+    key: int | None,
+    tokens: Sequence[int | str],
+    extra: Sequence[Any] | None,
+    mm: Sequence[Sequence[MMKey]] | None,
+    count: int,
+    size: int,
+) -> list[int | None]:
+    """Keys of blocks with extra or multimodal keys, short token lists, or no known parent:
+    None from the first block no query can reach (no parent known, or tokens missing) on."""
+    keys: list[int | None] = []
+    chunks = tuple(tokens)
+    for index in range(count):
+        chunk = chunks[index * size : (index + 1) * size]
+        if key is None or len(chunk) != size:
+            key = None
+            keys.append(key)
+            continue
+        identity = block_identity(extra, mm, index)
+        key = hash((key, chunk)) if identity is None else hash((key, chunk, identity))
+        keys.append(key)
+    return keys
+
+
 @attrs.frozen
 class IndexStatistics:
     """What the index holds, and what it could not use."""
@@ -180,7 +204,8 @@ class PrefixIndex:
                 key = hash((key, chunks[start : start + size]))
                 keys.append(key)
         else:
-            keys = self._keys_slowly(key, tokens, extra, mm, len(hashes))
+            keys = keys_slowly(key, tokens, extra, mm, len(hashes), size)
+            self._orphans += keys.count(None)
         extra_refs = view.extra_refs
         for block, key in zip(hashes, keys, strict=True):
             block_id: BlockId = block if tier is None else (tier, block)
@@ -196,31 +221,6 @@ class PrefixIndex:
                     extra_refs[key] = extra_refs.get(key, 0) + 1
                 else:
                     holders[key] = mask | bit
-
-    def _keys_slowly(
-        self,
-        key: int | None,
-        tokens: Sequence[int | str],
-        extra: Sequence[Any] | None,
-        mm: Sequence[Sequence[MMKey]] | None,
-        count: int,
-    ) -> list[int | None]:
-        """Keys of blocks with extra or multimodal keys, short token lists, or no known
-        parent."""
-        size = self.block_size
-        keys: list[int | None] = []
-        chunks = tuple(tokens)
-        for index in range(count):
-            chunk = chunks[index * size : (index + 1) * size]
-            if key is None or len(chunk) != size:
-                key = None  # no parent known, or tokens missing: no query can reach it
-                self._orphans += 1
-                keys.append(key)
-                continue
-            identity = block_identity(extra, mm, index)
-            key = hash((key, chunk)) if identity is None else hash((key, chunk, identity))
-            keys.append(key)
-        return keys
 
     def _release(self, view: _WorkerView, keys: Iterable[int | None]) -> None:
         """Let go of the worker's hold on each key (None, or _ABSENT: it held nothing)."""

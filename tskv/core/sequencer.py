@@ -102,9 +102,63 @@ class Snapshotting:
     next_seq: int = 0  # the seq the snapshot's state is before
     broken: bool = False  # a part was missing or came from another snapshot
 
+    def add(self, next_seq: int, index: int, payload: bytes) -> None:
+        if index != len(self.parts) or (self.parts and next_seq != self.next_seq):
+            self.broken = True
+        self.next_seq = next_seq
+        self.parts.append(payload)
+
 
 State = Idle | Replaying | Snapshotting
 IDLE = Idle()
+
+
+class Asking:
+    """The request under way, if any (`state`), and the request ids that tell a reply to it
+    from a reply to one given up on."""
+
+    def __init__(self) -> None:
+        self.state: State = IDLE
+        self.last_id = 0  # each request gets the next
+
+    def replay(self, expected: int, seen_last: bool, probe: bool = False) -> RequestReplay:
+        """Ask for what follows `expected - 1`. A request starts one seq early, at the last
+        batch delivered, to compare it (`seen_last`); a probe does so even unseen (after a
+        snapshot): the publisher still holds its newest batch, so a reply without it means a
+        sequence behind ours."""
+        self.last_id += 1
+        verifying = expected > 0 and (probe or seen_last)
+        self.state = Replaying(self.last_id, expected, verifying, probe)
+        return RequestReplay(expected - 1 if verifying else expected, self.last_id, probe)
+
+    def snapshot(self, resumes_at: int | None = None, bootstrap: bool = False) -> RequestSnapshot:
+        self.last_id += 1
+        self.state = Snapshotting(self.last_id, bootstrap, resumes_at)
+        return RequestSnapshot(self.last_id)
+
+    def current(self, request_id: int) -> Replaying | Snapshotting | None:
+        """The request under way, if `request_id` names it; None for a reply to a request
+        given up on (or answered already)."""
+        state = self.state
+        if isinstance(state, Idle) or state.request_id != request_id:
+            return None
+        return state
+
+    def take(self, request_id: int) -> Replaying | Snapshotting | None:
+        """The request under way if `request_id` names it, which its end (or failure) ends."""
+        state = self.current(request_id)
+        if state is not None:
+            self.state = IDLE
+        return state
+
+    @property
+    def busy(self) -> bool:
+        return self.state is not IDLE
+
+    def forget(self) -> None:
+        """Replies to any request made so far describe a sequence that is over."""
+        self.state = IDLE
+        self.last_id += 1
 
 
 class Order:
@@ -182,10 +236,20 @@ class Order:
         actions.append(Loss(self.expected, self.last_live, reason))
         self.start_over(self.last_live + 1)
 
+    @property
+    def last_delivered(self) -> int | None:
+        return None if self.expected is None else self.expected - 1
+
     def flush(self, reason: LossReason, actions: list[Action]) -> None:
         """Deliver everything held, reporting the holes between."""
         while self.pending:
             self.give_up_to_next_pending(reason, actions)
+
+    def give_up_all(self, reason: LossReason, actions: list[Action]) -> None:
+        """Deliver everything held and report every hole, up to the last live batch heard."""
+        self.flush(reason, actions)
+        if self.behind():
+            self.give_up_tail(reason, actions)
 
     def restarted(self, seq: int, payload: bytes, actions: list[Action]) -> bool:
         """Report a restart heard live at `seq`, and deliver the new sequence from its start,
@@ -237,12 +301,12 @@ class Order:
 class Sequencer:
     """Gap detection and repair for one publisher's stream.
 
-    Its mode is one value, `state`: `Idle`, `Replaying` (verifying or not, a probe or not) or
+    Its mode is one value, `asking.state`: `Idle`, `Replaying` (verifying or not, a probe or not) or
     `Snapshotting` (with the parts so far). Every entry point takes what arrived and returns the
     actions to carry out, in order: deliveries and loss reports in the order the consumer must
     see them, then at most one new request (which replaces the one under way). A reply is
-    acted on only while its request is the current one (`_current`); a reply to a request given
-    up on returns no actions.
+    acted on only while its request is the current one (`Asking.current`); a reply to a
+    request given up on returns no actions.
     """
 
     def __init__(
@@ -260,18 +324,8 @@ class Sequencer:
         self._start_from_snapshot = start_seq == "snapshot"
         # a snapshot bootstrap holds every live batch until the snapshot is in
         self.order = Order(0 if start_seq == "snapshot" else start_seq, max_held)
-        self.state: State = IDLE
-        self.request_id = 0  # the last request's id; each request gets the next
+        self.asking = Asking()
         self.silent = False  # a probe went unanswered, and nothing has been heard since
-
-    @property
-    def pending(self) -> dict[int, bytes]:
-        """The live batches held while a gap is repaired."""
-        return self.order.pending
-
-    @property
-    def repairing(self) -> bool:
-        return self.state is not IDLE
 
     def start(self) -> list[Action]:
         """Before any message. Returns the bootstrap request when a start seq was given (a
@@ -285,7 +339,7 @@ class Sequencer:
                 f"start_seq = {start!r} needs a replay endpoint to fetch past batches from"
             )
         if self._start_from_snapshot:
-            return [self._request_snapshot(bootstrap=True)]
+            return [self.asking.snapshot(bootstrap=True)]
         return [self._request()]
 
     # -- what arrives ---------------------------------------------------------------------
@@ -306,7 +360,7 @@ class Sequencer:
             return [*actions, self.order.deliver(seq, payload, False)]
         if seq < self.order.expected:
             return actions  # before the requested start, or already delivered from replay
-        state = self.state
+        state = self.asking.state
         if seq == self.order.expected and not isinstance(state, Snapshotting):
             actions.append(self.order.deliver(seq, payload, False))
             self.order.drain(actions)
@@ -314,7 +368,7 @@ class Sequencer:
         bootstrap = isinstance(state, Snapshotting) and state.bootstrap
         if seq - self.order.expected > self.max_gap and not bootstrap:
             return actions + self._discontinuity(seq, payload)
-        if not self.order.hold(seq, payload) or self.repairing:
+        if not self.order.hold(seq, payload) or self.asking.busy:
             return actions
         if self.has_replay:
             return [*actions, self._request()]
@@ -325,7 +379,7 @@ class Sequencer:
         """No live batch has come for the quiet interval. Returns a probe (a replay request
         from the last batch delivered, to compare), or nothing: no replay endpoint, nothing
         delivered yet, or a request already under way (it asks the same)."""
-        if not self.has_replay or self.order.expected is None or self.repairing:
+        if not self.has_replay or self.order.expected is None or self.asking.busy:
             return []
         return [self._request(probe=True)]
 
@@ -336,7 +390,7 @@ class Sequencer:
         differs); a snapshot request (replay skipped past what we miss, with snapshots on);
         or the holes before it reported, the batch, and the held ones that follow it."""
         actions: list[Action] = []
-        state = self._current(request_id)
+        state = self.asking.current(request_id)
         if state is None:
             return actions
         if self.silent:
@@ -345,7 +399,7 @@ class Sequencer:
         if seq > max(self.order.expected, self.order.last_live or 0) + self.max_gap:
             return actions  # no replay buffer reaches that far ahead of the live stream
         if isinstance(state, Replaying) and state.verifying:
-            self.state = attrs.evolve(state, verifying=False)
+            self.asking.state = attrs.evolve(state, verifying=False)
             if seq == self.order.expected - 1:
                 if self.order.last_payload is None or payload == self.order.last_payload:
                     return actions  # the same stream (as far as can be told): go on from here
@@ -355,7 +409,7 @@ class Sequencer:
         if seq > self.order.expected and self.snapshots:
             # The buffer no longer holds what we miss: a snapshot stands in for it, and the
             # rest of this replay (answering a request now given up on) is ignored.
-            return [*actions, self._request_snapshot(resumes_at=seq)]
+            return [*actions, self.asking.snapshot(resumes_at=seq)]
         self.order.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
         # Replay skipping ahead means the buffer lost what came before, but not what we hold.
         self.order.advance_to(seq, LossReason.EVICTED, actions)
@@ -368,13 +422,10 @@ class Sequencer:
     ) -> list[Action]:
         """One part of the snapshot asked for, kept until the end marker; never any actions.
         A part out of order, or from another snapshot, spoils the snapshot."""
-        state = self._current(request_id)
+        state = self.asking.current(request_id)
         if isinstance(state, Snapshotting):
             self.silent = False  # a part is an answer; the end marker reports it
-            if index != len(state.parts) or (state.parts and next_seq != state.next_seq):
-                state.broken = True
-            state.next_seq = next_seq
-            state.parts.append(payload)
+            state.add(next_seq, index, payload)
         return []
 
     def replay_ended(self, request_id: int) -> list[Action]:
@@ -385,12 +436,11 @@ class Sequencer:
         probe that got nothing at all, not even our last batch, means the publisher's
         sequence is behind ours: a restart, and a request from seq 0."""
         actions: list[Action] = []
-        state = self._current(request_id)
+        state = self.asking.take(request_id)
         if state is None:
             return actions
         if self.silent:
             self._heard(actions)
-        self.state = IDLE
         if isinstance(state, Snapshotting):
             return actions + self._snapshot_ended(state)
         assert self.order.expected is not None
@@ -403,7 +453,7 @@ class Sequencer:
             # ask again from where we are.
             return [*actions, self._request()]
         if self.snapshots:
-            return [*actions, self._request_snapshot()]  # what the buffer lost, a snapshot restores
+            return [*actions, self.asking.snapshot()]  # what the buffer lost, a snapshot restores
         self.order.give_up_to_next_pending(LossReason.EVICTED, actions)
         if self.order.pending:
             actions.append(self._request())  # a further hole, after the one just given up
@@ -420,10 +470,9 @@ class Sequencer:
         missing. A probe that timed out reports `Silence(True)` (once), then, as for any other
         failure, what the request should have filled is reported lost."""
         actions: list[Action] = []
-        state = self._current(request_id)
+        state = self.asking.take(request_id)
         if state is None:
             return actions
-        self.state = IDLE
         if isinstance(state, Snapshotting):
             return self._snapshot_failed(state, reason)
         if state.probe and reason is LossReason.REFUSED:  # busy, not gone: repair what is missing
@@ -433,39 +482,16 @@ class Sequencer:
             return actions
         if state.probe and reason is LossReason.REPLAY_TIMEOUT and not self.silent:
             self.silent = True
-            assert self.order.expected is not None
-            actions.append(Silence(True, self.order.expected - 1))
-        self.order.flush(reason, actions)
-        if self.order.behind():
-            self.order.give_up_tail(reason, actions)
+            actions.append(Silence(True, self.order.last_delivered))
+        self.order.give_up_all(reason, actions)
         return actions
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _current(self, request_id: int) -> Replaying | Snapshotting | None:
-        """The request under way, if `request_id` names it; None for a reply to a request
-        given up on (or answered already)."""
-        state = self.state
-        if isinstance(state, Idle) or state.request_id != request_id:
-            return None
-        return state
-
     def _request(self, probe: bool = False) -> RequestReplay:
-        assert self.order.expected is not None
-        self.request_id += 1
-        # A probe starts at the last batch even unseen (after a snapshot): the publisher still
-        # holds its newest batch, so a reply without it means a sequence behind ours.
-        verifying = self.order.expected > 0 and (probe or self.order.last_payload is not None)
-        self.state = Replaying(self.request_id, self.order.expected, verifying, probe)
-        start = self.order.expected - 1 if verifying else self.order.expected
-        return RequestReplay(start, self.request_id, probe)
-
-    def _request_snapshot(
-        self, resumes_at: int | None = None, bootstrap: bool = False
-    ) -> RequestSnapshot:
-        self.request_id += 1
-        self.state = Snapshotting(self.request_id, bootstrap, resumes_at)
-        return RequestSnapshot(self.request_id)
+        order = self.order
+        assert order.expected is not None
+        return self.asking.replay(order.expected, order.last_payload is not None, probe)
 
     def _ask_if_missing(self, actions: list[Action]) -> None:
         if self.order.missing():
@@ -474,17 +500,14 @@ class Sequencer:
     def _heard(self, actions: list[Action]) -> None:
         """The publisher answered (live or on replay): a silence it was in is over."""
         self.silent = False
-        actions.append(
-            Silence(False, None if self.order.expected is None else self.order.expected - 1)
-        )
+        actions.append(Silence(False, self.order.last_delivered))
 
     # -- a new sequence, a snapshot's end ----------------------------------------------------
 
     def _flush_old_generation(self, actions: list[Action]) -> None:
         """What was held from the old sequence still goes out, in order, with its holes named."""
         self.order.flush(LossReason.INTERRUPTED, actions)
-        self.state = IDLE  # replies to an old request describe the old sequence
-        self.request_id += 1
+        self.asking.forget()
 
     def _restart(self, seq: int, payload: bytes) -> list[Action]:
         """A seq at or below one already seen: a new publisher, whose sequence began at 0."""
