@@ -16,6 +16,7 @@ from tskv.core.events import (
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import Match, PrefixIndex
 from tskv.core.replay_server import ReplayStatistics
+from tskv.core.routing import Choice, LoadAwarePolicy
 from tskv.core.scheduler import (
     drain_scheduler_kv_events,
     foreign_event_to_wire_event,
@@ -42,6 +43,7 @@ __all__ = [
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
+    "Choice",
     "ConfigError",
     "EndpointError",
     "EventPublisher",
@@ -50,6 +52,7 @@ __all__ = [
     "KVEventBatch",
     "KVEventsConfig",
     "KeyFileError",
+    "LoadAwarePolicy",
     "Loss",
     "LossReason",
     "MMKey",

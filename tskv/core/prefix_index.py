@@ -18,11 +18,13 @@ process). Two different prefixes share a key with odds of about n²/2⁶⁴ for 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import attrs
 
+from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -33,10 +35,12 @@ from tskv.core.events import (
     UnknownEvent,
     not_an_event,
 )
+from tskv.core.predictions import MAX_ENTRIES, Predictions
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 _ROOT = "tskv-prefix-root"
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
+MAX_PREDICTED = MAX_ENTRIES
 _ABSENT = -1  # hash() never returns -1, so no key is ever this
 BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
 
@@ -73,14 +77,21 @@ def block_identity(
 
 class Match(dict[Worker, int]):
     """What `PrefixIndex.match` answers: worker -> how many leading blocks of the request it
-    holds (workers that hold none are absent), and `stale`: the workers whose view is known to
-    be incomplete right now, whose counts a router should not trust."""
+    holds (workers that hold none are absent); `stale`: the workers whose view is known to be
+    incomplete right now, whose counts a router should not trust; `predicted`: for workers whose
+    count includes blocks only predicted (`PrefixIndex.predict`), how many of them are."""
 
-    __slots__ = ("stale",)
+    __slots__ = ("predicted", "stale")
 
-    def __init__(self, counts: dict[Worker, int], stale: frozenset[Worker]) -> None:
+    def __init__(
+        self,
+        counts: dict[Worker, int],
+        stale: frozenset[Worker],
+        predicted: dict[Worker, int] | None = None,
+    ) -> None:
         super().__init__(counts)
         self.stale = stale
+        self.predicted = {} if predicted is None else predicted
 
     def best(self, trusted_only: bool = True) -> tuple[Worker | None, int]:
         """The worker with the most leading blocks, and how many (None, 0 if none holds any)."""
@@ -89,6 +100,46 @@ class Match(dict[Worker, int]):
             return None, 0
         count, worker = max(candidates, key=lambda item: item[0])
         return worker, count
+
+
+class _Bits:
+    """Which bit stands for which worker, and the workers of a mask, for answers: the same few
+    masks (who holds a popular prefix) come up in query after query, and walking 64 bits in
+    Python costs more than the rest of one."""
+
+    def __init__(self) -> None:
+        self._by_bit: dict[int, Worker] = {}
+        self._free: list[int] = []
+        self._next = 1
+        self._mask_workers: dict[int, tuple[Worker, ...]] = {}
+
+    def take(self, worker: Worker) -> int:
+        if self._free:
+            bit = self._free.pop()
+        else:
+            bit, self._next = self._next, self._next << 1
+        self._by_bit[bit] = worker
+        self._mask_workers.clear()  # a bit may have changed hands
+        return bit
+
+    def give_back(self, bit: int) -> None:
+        del self._by_bit[bit]
+        self._free.append(bit)
+        self._mask_workers.clear()
+
+    def workers_of(self, mask: int) -> tuple[Worker, ...]:
+        workers = self._mask_workers.get(mask)
+        if workers is None:
+            if len(self._mask_workers) >= MASK_CACHE:
+                self._mask_workers.clear()
+            found: list[Worker] = []
+            rest = mask
+            while rest:
+                low = rest & -rest
+                found.append(self._by_bit[low])
+                rest ^= low
+            workers = self._mask_workers[mask] = tuple(found)
+        return workers
 
 
 class _WorkerView:
@@ -126,6 +177,50 @@ def keys_slowly(
     return keys
 
 
+def _leading_counts(
+    holders: Callable[[int, int], int],
+    token_ids: Sequence[int | str],
+    lora_name: str | None,
+    extra_keys: Sequence[Any] | None,
+    cache_salt: str | None,
+    mm_keys: Sequence[Sequence[MMKey]] | None,
+    size: int,
+    workers_of: Callable[[int], tuple[Worker, ...]],
+) -> dict[Worker, int]:
+    """For each worker, how many leading full blocks of the request `holders` says it holds."""
+    counts: dict[Worker, int] = {}
+    key = root_key(lora_name, cache_salt)
+    plain = extra_keys is None and mm_keys is None
+    active = -1  # every worker, until the first block says otherwise
+    depth = 0
+    for depth in range(len(token_ids) // size):
+        # Block by block: most queries stop after a few blocks, so the rest is never copied.
+        chunk = tuple(token_ids[depth * size : (depth + 1) * size])
+        identity = None if plain else block_identity(extra_keys, mm_keys, depth)
+        key = hash((key, chunk)) if identity is None else hash((key, chunk, identity))
+        held = active & holders(key, 0)
+        if held != active and depth:  # some workers' prefixes end here
+            counts.update(dict.fromkeys(workers_of(active & ~held), depth))
+        active = held
+        if not active:
+            break
+    else:
+        if active > 0:
+            counts.update(dict.fromkeys(workers_of(active), depth + 1))
+    return counts
+
+
+def _either(
+    real: Callable[[int, int], int], predicted: Callable[[int, int], int]
+) -> Callable[[int, int], int]:
+    """The workers holding a key really or by a prediction."""
+
+    def holders(key: int, default: int) -> int:
+        return real(key, default) | predicted(key, default)
+
+    return holders
+
+
 @attrs.frozen
 class IndexStatistics:
     """What the index holds, and what it could not use."""
@@ -135,22 +230,27 @@ class IndexStatistics:
     blocks: int  # distinct blocks (by content) held by any worker
     orphans: int  # blocks stored under a parent this index never saw: not matchable
     mismatched: int  # BlockStored events whose block_size differs from the index's
+    predicted: int  # (worker, block) predictions in force
 
 
 class PrefixIndex:
     """A prefix index over many workers' KV event streams."""
 
-    def __init__(self, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        block_size: int = 16,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_predicted: int = MAX_PREDICTED,
+    ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size = {block_size!r} must be a positive int (tokens a block)")
+        int_at_least("max_predicted", max_predicted, 0)
         self.block_size = block_size
+        self._predictions = Predictions(clock, max_predicted)  # their time to live is `clock`'s
         self._holders: dict[int, int] = {}  # key -> bit mask of the workers holding it
         self._views: dict[Worker, _WorkerView] = {}
-        self._by_bit: dict[int, Worker] = {}
-        self._free_bits: list[int] = []
-        # A mask's workers, for answers: the same few masks (who holds a popular prefix) come up
-        # in query after query, and walking 64 bits in Python costs more than the rest of one.
-        self._mask_workers: dict[int, tuple[Worker, ...]] = {}
+        self._bits = _Bits()
         self._stale: set[Worker] = set()
         self._orphans = 0
         self._mismatched = 0
@@ -160,10 +260,7 @@ class PrefixIndex:
     def _view(self, worker: Worker) -> _WorkerView:
         view = self._views.get(worker)
         if view is None:
-            bit = self._free_bits.pop() if self._free_bits else 1 << len(self._views)
-            view = self._views[worker] = _WorkerView(bit)
-            self._by_bit[bit] = worker
-            self._mask_workers.clear()  # a bit may have changed hands
+            view = self._views[worker] = _WorkerView(self._bits.take(worker))
         return view
 
     def apply(self, worker: Worker, batch: KVEventBatch | Iterable[KVEvent]) -> None:
@@ -207,6 +304,7 @@ class PrefixIndex:
             keys = keys_slowly(key, tokens, extra, mm, len(hashes), size)
             self._orphans += keys.count(None)
         extra_refs = view.extra_refs
+        predicted = self._predictions.masks
         for block, key in zip(hashes, keys, strict=True):
             block_id: BlockId = block if tier is None else (tier, block)
             old = blocks.get(block_id, _ABSENT)
@@ -216,6 +314,8 @@ class PrefixIndex:
                 self._release(view, (old,))
             blocks[block_id] = key
             if key is not None:
+                if predicted and key in predicted:  # the prediction came true
+                    self._predictions.drop(bit, key)
                 mask = holders.get(key, 0)
                 if mask & bit:
                     extra_refs[key] = extra_refs.get(key, 0) + 1
@@ -225,9 +325,12 @@ class PrefixIndex:
     def _release(self, view: _WorkerView, keys: Iterable[int | None]) -> None:
         """Let go of the worker's hold on each key (None, or _ABSENT: it held nothing)."""
         holders, extra, keep = self._holders, view.extra_refs, ~view.bit
+        predicted = self._predictions.masks
         for key in keys:
             if key is None or key == _ABSENT:
                 continue
+            if predicted and key in predicted:  # removed: no prediction of it holds either
+                self._predictions.drop(view.bit, key)
             if extra and key in extra:  # another of this worker's blocks still has it
                 if extra[key] > 1:
                     extra[key] -= 1
@@ -248,6 +351,7 @@ class PrefixIndex:
             self._release(view, [pop((tier, block), _ABSENT) for block in hashes])
 
     def _clear(self, view: _WorkerView) -> None:
+        self._predictions.forget(view.bit)
         view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
         self._release(view, set(view.blocks.values()))
         view.blocks.clear()
@@ -272,9 +376,7 @@ class PrefixIndex:
         if view is None:
             return
         self._clear(view)
-        del self._by_bit[view.bit]
-        self._free_bits.append(view.bit)
-        self._mask_workers.clear()
+        self._bits.give_back(view.bit)
         self._stale.discard(worker)
 
     # -- the router's side ------------------------------------------------------------------
@@ -295,42 +397,39 @@ class PrefixIndex:
             raise TypeError(
                 f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
             )
-        size = self.block_size
-        holders = self._holders
-        counts: dict[Worker, int] = {}
-        key = root_key(lora_name, cache_salt)
-        plain = extra_keys is None and mm_keys is None
-        active = -1  # every worker, until the first block says otherwise
-        depth = 0
-        for depth in range(len(token_ids) // size):
-            # Block by block: most queries stop after a few blocks, so the rest is never copied.
-            chunk = tuple(token_ids[depth * size : (depth + 1) * size])
-            identity = None if plain else block_identity(extra_keys, mm_keys, depth)
-            key = hash((key, chunk)) if identity is None else hash((key, chunk, identity))
-            held = active & holders.get(key, 0)
-            if held != active and depth:  # some workers' prefixes end here
-                counts.update(dict.fromkeys(self._workers_of(active & ~held), depth))
-            active = held
-            if not active:
-                break
-        else:
-            if active > 0:
-                counts.update(dict.fromkeys(self._workers_of(active), depth + 1))
-        return Match(counts, frozenset(self._stale))
+        request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
+        answer = (self.block_size, self._bits.workers_of)
+        real = _leading_counts(self._holders.get, *request, *answer)
+        if self._predictions.masks:
+            self._predictions.expire()
+        if not self._predictions.masks:  # the usual case: one walk, on the real blocks only
+            return Match(real, frozenset(self._stale))
+        either = _either(self._holders.get, self._predictions.masks.get)
+        counts = _leading_counts(either, *request, *answer)
+        predicted = {w: n - real.get(w, 0) for w, n in counts.items() if n > real.get(w, 0)}
+        return Match(counts, frozenset(self._stale), predicted)
 
-    def _workers_of(self, mask: int) -> tuple[Worker, ...]:
-        workers = self._mask_workers.get(mask)
-        if workers is None:
-            if len(self._mask_workers) >= MASK_CACHE:
-                self._mask_workers.clear()
-            found: list[Worker] = []
-            rest = mask
-            while rest:
-                low = rest & -rest
-                found.append(self._by_bit[low])
-                rest ^= low
-            workers = self._mask_workers[mask] = tuple(found)
-        return workers
+    def predict(
+        self,
+        worker: Worker,
+        token_ids: Sequence[int | str],
+        ttl: float,
+        *,
+        lora_name: str | None = None,
+        extra_keys: Sequence[Any] | None = None,
+        cache_salt: str | None = None,
+        mm_keys: Sequence[Sequence[MMKey]] | None = None,
+    ) -> None:
+        """Record that `worker` will soon hold this request's full blocks (it was just routed
+        there): `match` counts them for it, marked in `Match.predicted`, for `ttl` seconds of the
+        index's clock, or until its real BlockStored arrives, a BlockRemoved of them or a cache
+        reset. Blocks it already holds are left as they are."""
+        number_at_least("ttl", ttl, 0, above=True)
+        bit, holders, size = self._view(worker).bit, self._holders, self.block_size
+        root = root_key(lora_name, cache_salt)
+        keys = keys_slowly(root, token_ids, extra_keys, mm_keys, len(token_ids) // size, size)
+        fresh = [key for key in keys if key is not None and not holders.get(key, 0) & bit]
+        self._predictions.add(bit, fresh, ttl)
 
     # -- what the index holds ---------------------------------------------------------------
 
@@ -357,6 +456,7 @@ class PrefixIndex:
         return IndexStatistics(
             workers=len(self._views),
             stale=len(self._stale),
+            predicted=len(self._predictions),
             blocks=len(self._holders),
             orphans=self._orphans,
             mismatched=self._mismatched,
