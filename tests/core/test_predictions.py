@@ -135,3 +135,14 @@ def test_predicted_counts_are_exactly_a_model_of_live_predictions_over_real_bloc
             if depth:
                 expected[name] = depth
         assert index.match(PROMPT) == expected
+
+
+def test_predicting_the_same_blocks_again_and_again_keeps_memory_bounded() -> None:
+    """A router that predicts one hot prefix on every request, with a long time to live."""
+    from tskv.core.predictions import Predictions
+
+    predictions = Predictions(Clock(), max_entries=50)
+    for _ in range(20_000):
+        predictions.add(1, range(40), ttl=1e9)
+        assert len(predictions) == 40
+    assert len(predictions._queue) < 200  # superseded entries are compacted away

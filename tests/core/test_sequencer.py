@@ -575,3 +575,12 @@ def test_what_the_full_hold_let_go_is_reported_when_replay_has_it_no_more() -> N
     assert again == RequestReplay(3, ask.request_id + 1)
     s.replayed(again.request_id, 3, p(3))
     assert s.replay_ended(again.request_id) == [Loss(4, 5, LossReason.EVICTED)]
+
+
+def test_a_bootstrap_from_a_publisher_that_has_published_nothing_delivers_the_empty_cache() -> None:
+    """The state before seq 0 is news: the consumer knows it holds the whole (empty) cache."""
+    s = Sequencer(has_replay=True, start_seq="snapshot")
+    [ask] = s.start()
+    s.snapshot_part(ask.request_id, 0, 0, b"cleared")
+    assert s.replay_ended(ask.request_id) == [DeliverSnapshot(-1, [b"cleared"], None)]
+    assert delivered(s.live(0, p(0))) == [0]

@@ -146,3 +146,21 @@ async def test_a_worker_whose_publisher_goes_silent_is_stale_until_it_answers(
         with trio.fail_after(10):
             await watcher.wait_for_silence("w", silent=False)
         assert not index.match([1, 1]).stale
+
+
+async def test_a_worker_that_has_published_nothing_yet_is_current_once_its_snapshot_is_in() -> None:
+    """A fresh worker's cache is empty and known to be: a router that passes over stale
+    workers must not pass over every idle one (it once sent a whole trace to the first worker
+    that published)."""
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    index = tskv.PrefixIndex(block_size=4)
+    async with tskv.open_publisher(config) as idle, tskv.open_watcher(index) as watcher:
+        watcher.add("idle", idle.endpoint, idle.replay_endpoint)
+        assert "idle" in index.stale
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("idle", -1)  # the empty snapshot, the state before seq 0
+        assert index.stale == frozenset() and index.workers == ["idle"]
+        await idle.publish([BlockStored([1], None, [1, 2, 3, 4], 4)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("idle", 0)
+        assert index.match([1, 2, 3, 4]) == {"idle": 1} and watcher.status("idle").losses == 0

@@ -18,7 +18,7 @@ import zmq
 
 import tskv
 from tests.processes import killed_after
-from tests.zmq_helpers import LOOPBACK, raw_socket
+from tests.zmq_helpers import LOOPBACK, inproc_name, raw_socket
 from tskv import BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, ZmqEventPublisher
 from tskv._cli.listen import format_batch, listen
 from tskv.core.frames import live_message
@@ -215,3 +215,23 @@ def test_json_shows_unknown_fields_of_any_msgpack_type() -> None:
     batch = KVEventBatch(1.0, [BlockRemoved([1], unknown_fields=odd)], 0)
     [event] = json.loads(batch_json(3, batch))["events"]
     assert event["unknown_fields"] == {"digest": "0102", "nested": {"keys": [1, "a"]}}
+
+
+async def test_an_inproc_publisher_that_answers_is_not_reported_as_silent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """inproc has no handshake to watch: the warning must not fire for a publisher that is
+    there and publishing (it once did, after every run of the trace demo longer than 5 s)."""
+    name = inproc_name("quiet-warning")
+    config = tskv.KVEventsConfig(endpoint=name)
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        async with (
+            tskv.open_publisher(config) as publisher,
+            tskv.open_subscriber(name, warn_unanswered_after=0.1) as sub,
+        ):
+            await publisher.wait_for_subscriber()
+            await publisher.publish([BlockRemoved([1])])
+            with trio.fail_after(10):
+                assert (await sub.__anext__())[0] == 0
+            await trio.sleep(0.4)  # the time the warning had to come: it must not
+    assert "no publisher has answered" not in caplog.text

@@ -24,6 +24,9 @@ from tskv.shells.publisher import Publisher, open_publisher
 from tskv.shells.subscriber import Subscriber, open_subscriber
 from tskv.sim import CacheView, SchedulerLoop, SimOptions, check_options
 from tskv.sim.routing import RoutingOptions, compare
+from tskv.sim.trace import read_trace
+from tskv.sim.trace_report import compare_trace
+from tskv.sim.trace_routing import TraceOptions
 
 ENDS_WITH_CTRL_C = False  # it runs to a verdict: Ctrl-C interrupts it (exit status 130)
 BUFFER_STEPS = 64  # short, so the late joiner needs the snapshot
@@ -48,8 +51,44 @@ def check_demo_options(args: argparse.Namespace) -> None:
         )
 
 
+TRACE_FLAGS = ("requests", "cache_tokens", "prefill_rate", "speed", "json")
+
+
+def check_trace_options(args: argparse.Namespace) -> None:
+    if args.trace is not None and args.route is None:
+        raise ValueError("--trace FILE goes with --route WORKERS: say how many workers serve it")
+    given = [name for name in TRACE_FLAGS if getattr(args, name) not in (None, False)]
+    if given and args.trace is None:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise ValueError(f"{flags}: only with --route WORKERS --trace FILE")
+    if args.trace is not None and 512 % args.block_size:
+        raise ValueError(
+            f"--block-size {args.block_size} does not divide a trace block (512 tokens): "
+            "use 16, 32, 64, 128, 256 or 512"
+        )
+
+
+async def route_trace(args: argparse.Namespace) -> int:
+    """`--route N --trace FILE`: exit status 1 if the index ever disagreed with a worker."""
+    requests = read_trace(args.trace, args.requests)
+    defaults = TraceOptions()
+    options = TraceOptions(
+        workers=args.route,
+        cache_tokens=args.cache_tokens or defaults.cache_tokens,
+        block_size=args.block_size,
+        prefill_rate=args.prefill_rate or defaults.prefill_rate,
+        speed=args.speed,
+        seed=args.seed,
+    )
+    results = await compare_trace(requests, options, print, as_json=args.json, plot=args.plot)
+    return 0 if all(result.index_exact for result in results) else 1
+
+
 async def main(args: argparse.Namespace) -> int:
     check_demo_options(args)
+    check_trace_options(args)
+    if args.trace is not None:
+        return await route_trace(args)
     if args.route is not None:
         options = sim_options(args)
         routing = RoutingOptions(

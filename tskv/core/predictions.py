@@ -23,30 +23,48 @@ class Predictions:
         self.masks: dict[int, int] = {}  # key -> bit mask of the workers predicted to hold it
         self._clock = clock
         self._max = max_entries
-        self._expiry: dict[tuple[int, int], float] = {}  # (bit, key) -> when it lapses
-        self._queue: list[tuple[float, int, int, int]] = []  # (expiry, order, bit, key)
+        self._owner: dict[tuple[int, int], int] = {}  # (bit, key) -> the `add` it lapses with
+        # One entry per `add`: a request's blocks lapse together. An entry whose keys were
+        # predicted again later lapses only for those it still owns.
+        self._queue: list[tuple[float, int, int, list[int]]] = []  # (expiry, order, bit, keys)
         self._order = 0
+        self._queued = 0  # keys in the queue's entries, superseded ones included
         self._by_bit: dict[int, set[int]] = {}
 
     def __len__(self) -> int:
-        return len(self._expiry)
+        return len(self._owner)
 
     def add(self, bit: int, keys: Iterable[int], ttl: float) -> None:
         now = self._clock()
         expiry = now + ttl
         self.expire(now)
-        for key in keys:
-            if (bit, key) not in self._expiry:
-                self.masks[key] = self.masks.get(key, 0) | bit
-                self._by_bit.setdefault(bit, set()).add(key)
-            self._expiry[bit, key] = expiry
-            self._order += 1
-            heapq.heappush(self._queue, (expiry, self._order, bit, key))
-        while len(self._expiry) > self._max:  # the oldest go first
-            self._pop_oldest()
-        if len(self._queue) > 2 * len(self._expiry) + 64:  # refreshed entries left behind
-            self._queue = [(e, o, b, k) for e, o, b, k in self._queue if self._current(e, b, k)]
-            heapq.heapify(self._queue)
+        masks, owner = self.masks, self._owner
+        mine = self._by_bit.setdefault(bit, set())
+        added = list(keys)
+        self._order += 1
+        for key in added:
+            if (bit, key) not in owner:
+                masks[key] = masks.get(key, 0) | bit
+                mine.add(key)
+            owner[bit, key] = self._order
+        if not mine:
+            del self._by_bit[bit]
+        self._push(expiry, self._order, bit, added)
+        while len(owner) > self._max:  # the oldest go first
+            self._lapse(heapq.heappop(self._queue), self._max)
+        if self._queued > 2 * max(len(owner), self._max) + 1024:
+            self._compact()  # predicted again and again: the superseded entries go
+
+    def _push(self, expiry: float, order: int, bit: int, keys: list[int]) -> None:
+        self._queued += len(keys)
+        heapq.heappush(self._queue, (expiry, order, bit, keys))
+
+    def _compact(self) -> None:
+        entries, self._queue, self._queued = self._queue, [], 0
+        for expiry, order, bit, keys in entries:
+            alive = [key for key in keys if self._owner.get((bit, key)) == order]
+            if alive:
+                self._push(expiry, order, bit, alive)
 
     def expire(self, now: float | None = None) -> None:
         """Forget the predictions whose time to live has run out."""
@@ -55,23 +73,22 @@ class Predictions:
             return
         now = self._clock() if now is None else now
         while queue and queue[0][0] <= now:
-            expiry, _, bit, key = heapq.heappop(queue)
-            if self._current(expiry, bit, key):
-                self.drop(bit, key)
+            self._lapse(heapq.heappop(queue))
 
-    def _pop_oldest(self) -> None:
-        while self._queue:
-            expiry, _, bit, key = heapq.heappop(self._queue)
-            if self._current(expiry, bit, key):
-                self.drop(bit, key)
+    def _lapse(self, entry: tuple[float, int, int, list[int]], keep: int = -1) -> None:
+        """Drop an `add`'s predictions still its own (until only `keep` remain, if given);
+        what is left of it goes back in the queue."""
+        expiry, order, bit, keys = entry
+        for index, key in enumerate(keys):
+            if keep >= 0 and len(self._owner) <= keep:
+                heapq.heappush(self._queue, (expiry, order, bit, keys[index:]))
                 return
-
-    def _current(self, expiry: float, bit: int, key: int) -> bool:
-        return self._expiry.get((bit, key)) == expiry
+            if self._owner.get((bit, key)) == order:
+                self.drop(bit, key)
 
     def drop(self, bit: int, key: int) -> None:
         """The real block arrived (or left): the prediction has served its turn."""
-        if self._expiry.pop((bit, key), None) is None:
+        if self._owner.pop((bit, key), None) is None:
             return
         mask = self.masks[key] & ~bit
         if mask:

@@ -289,7 +289,7 @@ class Order:
         if after < self.expected and not bootstrap:  # older than what we have: a new sequence
             actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=after))
             self.last_live = max((seq for seq in self.pending if seq >= after), default=None)
-        if after > 0 and (after != self.expected or bootstrap):
+        if bootstrap or (after > 0 and after != self.expected):  # an empty cache is news too
             replaced = None if bootstrap or after < self.expected else self.expected
             actions.append(DeliverSnapshot(after - 1, parts, replaced))
         self.start_over(after)  # the batch before it was never seen on its own

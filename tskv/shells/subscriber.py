@@ -452,7 +452,8 @@ async def subscribe(
         subscriber._apply(first_actions)
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
-            if not binds:
+            # inproc has no handshake to watch (and no address or host to get wrong)
+            if not binds and not endpoint.startswith("inproc://"):
                 after = config.warn_unanswered_after
                 nursery.start_soon(warn_if_unanswered, endpoint, monitor, after)
             nursery.start_soon(_read_live, sub, inbox_send, heard)

@@ -1,0 +1,189 @@
+"""Routing a Mooncake trace across simulated workers, over real ZeroMQ: `tskv demo --route N
+--trace FILE`.
+
+Each worker (`TraceWorker`) is a real publisher; the router keeps a `PrefixIndex` current with a
+real watcher and routes every request of the trace in turn, by each policy. Time is the trace's:
+a worker's KV events are published when its prefill of the request is done, and before each
+request is routed the watcher has applied every batch published by then (the router's view at
+that moment). With `speed`, requests are paced at that many times real time; without, as fast
+as the router keeps up. The run ends by checking the index against every worker's cache.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import TextIO
+
+import attrs
+import trio
+
+from tskv.core.config import KVEventsConfig
+from tskv.core.events import KVEvent
+from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.routing import LoadAwarePolicy
+from tskv.shells.publisher import Publisher, open_publisher
+from tskv.shells.watcher import Watcher, open_watcher
+from tskv.sim.trace import TraceRequest
+from tskv.sim.trace_fleet import TraceWorker
+
+POLICIES = ("kv", "kv_without_predictions", "round_robin", "random")
+_RUNS = itertools.count()
+
+
+@attrs.frozen
+class TraceOptions:
+    workers: int = 8
+    cache_tokens: int = 3_000_000
+    block_size: int = 64
+    prefill_rate: float = 5_000.0  # prompt tokens a second per worker
+    predicted_ttl: float = 10.0  # trace seconds a speculative entry lasts
+    speed: float | None = None  # times real time; None: as fast as the router keeps up
+    seed: int = 0
+
+
+@attrs.define
+class TraceResult:
+    policy: str
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    load: list[int] = attrs.Factory(list)  # prompt tokens routed to each worker
+    hit_rate_over_time: list[float] = attrs.Factory(list)  # cumulative, every 1% of the trace
+    index_exact: bool = True
+    losses: int = 0  # loss reports the watcher heard (each repaired from replay or a snapshot)
+    stale_answers: int = 0  # index answers that named a worker it could not vouch for
+    seconds: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def max_load_share(self) -> float:
+        return max(self.load) / sum(self.load) if sum(self.load) else 0.0
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "hit_rate": round(self.hit_rate, 4),
+            "prefill_tokens": self.prompt_tokens - self.cached_tokens,
+            "max_load_share": round(self.max_load_share, 4),
+        }
+
+
+class _Fleet:
+    """The workers, their publishers, and the events waiting for their prefill to end."""
+
+    def __init__(self, workers: list[TraceWorker], publishers: list[Publisher], watcher: Watcher):
+        self.workers, self.publishers, self.watcher = workers, publishers, watcher
+        self._due: list[tuple[float, int, int, list[KVEvent]]] = []
+        self._order = itertools.count()
+
+    def served(self, worker: int, done_at: float, events: list[KVEvent]) -> None:
+        if events:
+            heapq.heappush(self._due, (done_at, next(self._order), worker, events))
+
+    async def publish_until(self, now: float) -> None:
+        """Publish every batch done by `now`, and wait until the index holds them."""
+        touched: set[int] = set()
+        while self._due and self._due[0][0] <= now:
+            _, _, worker, events = heapq.heappop(self._due)
+            await self.publishers[worker].publish(events)
+            touched.add(worker)
+        for worker in touched:
+            await self.watcher.wait_for_seq(
+                worker, self.publishers[worker].statistics().accepted - 1
+            )
+
+
+async def run_policy(
+    policy: str,
+    requests: list[TraceRequest],
+    options: TraceOptions,
+    progress: Callable[[str, int], None] = lambda policy, done: None,
+) -> TraceResult:
+    """Route `requests` by `policy` on fresh workers; the same requests for every policy."""
+    result = TraceResult(policy, load=[0] * options.workers)
+    now = 0.0
+    index = PrefixIndex(options.block_size, clock=lambda: now)  # predictions live in trace time
+    router = LoadAwarePolicy()
+    pick = random.Random(options.seed)
+    workers = [
+        TraceWorker(options.cache_tokens, options.block_size, options.prefill_rate)
+        for _ in range(options.workers)
+    ]
+    run = next(_RUNS)
+    name = f"inproc://tskv-trace-{run}"
+    config = KVEventsConfig(endpoint=name, replay_endpoint=f"{name}-replay")
+    started = time.monotonic()
+    async with AsyncExitStack() as stack:
+        publishers = [
+            await stack.enter_async_context(open_publisher(config, rank))
+            for rank in range(options.workers)
+        ]
+        watcher = await stack.enter_async_context(open_watcher(index))
+        for rank, publisher in enumerate(publishers):
+            watcher.add(rank, publisher.endpoint, publisher.replay_endpoint)
+        for publisher in publishers:
+            await publisher.wait_for_subscriber()
+        fleet = _Fleet(workers, publishers, watcher)
+        step = max(1, len(requests) // 100)
+        for number, request in enumerate(requests):
+            now = request.timestamp_ms / 1000
+            if options.speed is not None:
+                await trio.sleep_until(_wall(started, now, options.speed))
+            await fleet.publish_until(now)
+            tokens = request.token_ids()
+            if policy.startswith("kv"):
+                queued: dict[Worker, float] = {r: w.queued(now) for r, w in enumerate(workers)}
+                match = index.match(tokens)
+                result.stale_answers += bool(match.stale)
+                choice = router.choose(match, len(tokens), options.block_size, queued)
+                worker = int(choice.worker)  # type: ignore[call-overload]  # a rank
+                if policy == "kv":
+                    index.predict(worker, tokens, options.predicted_ttl)
+            elif policy == "round_robin":
+                worker = number % options.workers
+            else:
+                worker = pick.randrange(options.workers)
+            served = workers[worker].serve(request, now)
+            fleet.served(worker, served.done_at, served.events)
+            result.prompt_tokens += request.input_length
+            result.cached_tokens += served.cached_tokens
+            result.load[worker] += request.input_length
+            if number % step == step - 1 or number == len(requests) - 1:
+                result.hit_rate_over_time.append(result.hit_rate)
+                progress(policy, number + 1)
+        await fleet.publish_until(float("inf"))
+        result.losses = sum(watcher.status(rank).losses for rank in range(options.workers))
+        result.index_exact = all(
+            index.engine_hashes(rank) == worker.engine_hashes()
+            for rank, worker in enumerate(workers)
+        )
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _wall(started: float, trace_seconds: float, speed: float) -> float:
+    """The Trio time at which a request `trace_seconds` into the trace is due."""
+    return trio.current_time() - (time.monotonic() - started) + trace_seconds / speed
+
+
+class ProgressBar:
+    """A bar on stderr while a run goes (only on a terminal: a log gets nothing)."""
+
+    def __init__(self, total: int, out: TextIO = sys.stderr, width: int = 30) -> None:
+        self.total, self.out, self.width = total, out, width
+        self.shown = out.isatty()
+
+    def __call__(self, policy: str, done: int) -> None:
+        if not self.shown:
+            return
+        filled = round(self.width * done / self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        end = "\n" if done == self.total else ""
+        print(f"\r{policy:>22} [{bar}] {done}/{self.total}", end=end, file=self.out, flush=True)
