@@ -31,7 +31,7 @@ def tokenspeed_wheel(session: nox.Session) -> dict[str, str]:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,plot]")  # plot: the --plot test draws a real chart
     session.run("pytest", *session.posargs, env=tokenspeed_wheel(session))
     if not session.posargs:  # and the events, codec and subscriber as a machine without msgspec
         without = [

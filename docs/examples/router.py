@@ -1,4 +1,8 @@
-"""A KV-aware router: send each request to the worker that holds the longest prefix of it.
+"""A KV-aware router: send each request to the worker that can start on it soonest.
+
+The cost of a worker is the prompt tokens it must prefill (those not in its cache, as the
+prefix index says) plus the work already queued on it (`tskv.LoadAwarePolicy`): longest prefix
+first would send every request that shares a system prompt to whichever worker holds it.
 
 Run: python router.py ENDPOINT REPLAY_ENDPOINT [ENDPOINT REPLAY_ENDPOINT ...]
 (for example against `tskv simulate --ranks 2 --replay-endpoint tcp://127.0.0.1:5600`, with
@@ -6,7 +10,6 @@ the endpoints it prints). Ctrl-C stops it.
 """
 
 import contextlib
-import itertools
 import sys
 
 import trio
@@ -16,17 +19,26 @@ from tskv.sim import Workload
 
 
 class Router:
-    def __init__(self, watcher: tskv.Watcher) -> None:
+    def __init__(self, watcher: tskv.Watcher, predicted_ttl: float = 5.0) -> None:
+        self.watcher = watcher
         self.index = watcher.index
-        self.fallback = itertools.cycle(watcher.workers)  # when no trusted worker has a prefix
+        self.policy = tskv.LoadAwarePolicy()  # weights: prefill_weight=1.0, load_weight=1.0
+        self.predicted_ttl = predicted_ttl  # how long a routed request's blocks count unseen
+        self.queued: dict[object, float] = {}  # tokens sent to each worker, not done yet
 
-    def route(self, token_ids: list[int]) -> tuple[object, int]:
-        """The worker to send a request to, and how many leading blocks it already holds."""
-        match = self.index.match(token_ids)
-        worker, blocks = match.best(trusted_only=True)  # skip workers whose view is stale
-        if worker is None:
-            worker = next(self.fallback)
-        return worker, blocks
+    def route(self, token_ids: list[int]) -> tskv.Choice:
+        """The worker to send a request to, and how many of its tokens are cached there."""
+        match = self.index.match(token_ids)  # stale workers are passed over by the policy
+        queued = {worker: self.queued.get(worker, 0.0) for worker in self.watcher.workers}
+        choice = self.policy.choose(match, len(token_ids), self.index.block_size, queued)
+        self.queued[choice.worker] = queued[choice.worker] + len(token_ids) - choice.cached_tokens
+        # Its blocks will be there soon: siblings arriving before the BlockStored follow it.
+        self.index.predict(choice.worker, token_ids, self.predicted_ttl)
+        return choice
+
+    def done(self, choice: tskv.Choice, token_ids: list[int]) -> None:
+        """The worker has prefilled the request: its work is no longer queued."""
+        self.queued[choice.worker] -= len(token_ids) - choice.cached_tokens
 
 
 async def main(endpoints: list[str]) -> None:
@@ -42,8 +54,9 @@ async def main(endpoints: list[str]) -> None:
         while True:
             await trio.sleep(1)
             for prompt in prompts:
-                worker, blocks = router.route(prompt)
-                print(f"{len(prompt)} tokens -> {worker}, {blocks} blocks cached there")
+                choice = router.route(prompt)
+                print(f"{len(prompt)} tokens -> {choice.worker}, {choice.cached_tokens} cached")
+                router.done(choice, prompt)  # here nothing runs them: done at once
             print("stale:", sorted(index.stale), flush=True)
 
 

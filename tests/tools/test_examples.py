@@ -83,10 +83,20 @@ async def test_the_routing_guide_router_sends_a_request_to_the_worker_with_its_p
                 await watcher.wait_for_seq("a", 0)
                 await watcher.wait_for_seq("b", 0)
             router = example.Router(watcher)
-            assert router.route(prompt) == ("b", 3)
+            first = router.route(prompt)
+            assert (first.worker, first.cached_tokens) == ("b", 48)
+            assert router.queued == {"b": 16}  # what b must still prefill of it
             index.mark_stale("b")  # as the watcher does when b's stream reports a loss
-            assert router.route(prompt) == ("a", 2)
-            assert router.route([0] * 16)[1] == 0  # nobody has it: the fallback
+            second = router.route(prompt)
+            assert (second.worker, second.cached_tokens) == ("a", 32)
+            assert index.match(prompt).predicted == {"a": 2, "b": 1}  # both will hold all four
+            router.done(first, prompt)
+            router.done(second, prompt)
+            assert router.queued == {"a": 0, "b": 0}
+            index.mark_current("b")
+            busy = router.route(list(range(1000, 1064)))  # nobody holds it: the least loaded
+            assert (busy.worker, busy.cached_tokens) == ("a", 0)
+            assert router.route(list(range(2000, 2064))).worker == "b"  # a has 64 queued now
 
 
 def test_the_routing_guide_shows_the_tested_example_as_it_is() -> None:

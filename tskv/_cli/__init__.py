@@ -29,6 +29,7 @@ from tskv._cli.options import (
     positive_float,
     sim_flags,
     start_point,
+    trace_flags,
 )
 from tskv.core.config import did_you_mean
 
@@ -124,35 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--plot", metavar="PNG", help="with --route: also save a chart (needs matplotlib)"
     )
-    trace = demo.add_argument_group("routing a request trace (with --route)")
-    trace.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="route this Mooncake-format trace (JSON lines: timestamp, input_length, "
-        "output_length, hash_ids) by the load-aware kv policy, with and without speculative "
-        "entries, round-robin and at random",
-    )
-    trace.add_argument(
-        "--requests", type=positive, metavar="K", help="only the trace's first K requests"
-    )
-    trace.add_argument(
-        "--cache-tokens",
-        type=positive,
-        metavar="T",
-        help="each worker's prefix cache, in tokens (3,000,000)",
-    )
-    trace.add_argument(
-        "--prefill-rate",
-        type=positive_float,
-        metavar="TOKENS",
-        help="prompt tokens each worker prefills a second, in trace time (5,000)",
-    )
-    trace.add_argument(
-        "--speed",
-        type=positive_float,
-        metavar="X",
-        help="replay the trace at X times real time (default: as fast as the router keeps up)",
-    )
+    trace = trace_flags(demo, "routing a request trace (with --route)")
     trace.add_argument("--json", action="store_true", help="print one JSON object instead")
 
     simulate = commands.add_parser(
@@ -204,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow any subscriber that completes the CURVE handshake",
     )
     sim_flags(simulate, rounds=None)
+    trace_flags(simulate, "publishing a request trace's events instead of the simulator's")
 
     commands.add_parser(
         "bench",

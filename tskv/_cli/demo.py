@@ -43,8 +43,8 @@ def check_demo_options(args: argparse.Namespace) -> None:
             f"--requests-per-round {args.requests_per_round}: the demo would publish nothing "
             "and check nothing; use at least 1"
         )
-    least = MIN_DEMO_CACHE_BLOCKS * 16 // args.block_size
-    if args.cache_blocks < least:
+    least = MIN_DEMO_CACHE_BLOCKS * 16 // (args.block_size or SimOptions().block_size)
+    if args.trace is None and args.cache_blocks < least:
         raise ValueError(
             f"--cache-blocks {args.cache_blocks}: too small to cache one request's prompt "
             f"(up to {9 * 16} tokens), so nothing would be published; use at least {least}"
@@ -61,7 +61,7 @@ def check_trace_options(args: argparse.Namespace) -> None:
     if given and args.trace is None:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
         raise ValueError(f"{flags}: only with --route WORKERS --trace FILE")
-    if args.trace is not None and 512 % args.block_size:
+    if args.trace is not None and args.block_size is not None and 512 % args.block_size:
         raise ValueError(
             f"--block-size {args.block_size} does not divide a trace block (512 tokens): "
             "use 16, 32, 64, 128, 256 or 512"
@@ -75,7 +75,7 @@ async def route_trace(args: argparse.Namespace) -> int:
     options = TraceOptions(
         workers=args.route,
         cache_tokens=args.cache_tokens or defaults.cache_tokens,
-        block_size=args.block_size,
+        block_size=args.block_size or defaults.block_size,
         prefill_rate=args.prefill_rate or defaults.prefill_rate,
         speed=args.speed,
         seed=args.seed,

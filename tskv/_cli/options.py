@@ -73,8 +73,7 @@ def sim_flags(parser: argparse.ArgumentParser, rounds: int | None = SimOptions()
     parser.add_argument(
         "--block-size",
         type=positive,
-        default=defaults.block_size,
-        help=f"tokens per block ({defaults.block_size})",
+        help=f"tokens per block ({defaults.block_size}; 64 with --trace)",
     )
     parser.add_argument(
         "--cache-blocks",
@@ -113,12 +112,46 @@ def sim_flags(parser: argparse.ArgumentParser, rounds: int | None = SimOptions()
     )
 
 
+def trace_flags(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """The flags that replay a request trace, for `demo --route` and `simulate`."""
+    trace = parser.add_argument_group(title)
+    trace.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a Mooncake-format trace (JSON lines: timestamp, input_length, output_length, "
+        "hash_ids): the demo routes it by the load-aware kv policy, with and without "
+        "speculative entries, round-robin and at random; simulate publishes its KV events",
+    )
+    trace.add_argument(
+        "--requests", type=positive, metavar="K", help="only the trace's first K requests"
+    )
+    trace.add_argument(
+        "--cache-tokens",
+        type=positive,
+        metavar="T",
+        help="each worker's prefix cache, in tokens (3,000,000)",
+    )
+    trace.add_argument(
+        "--prefill-rate",
+        type=positive_float,
+        metavar="TOKENS",
+        help="prompt tokens each worker prefills a second, in trace time (5,000)",
+    )
+    trace.add_argument(
+        "--speed",
+        type=positive_float,
+        metavar="X",
+        help="replay the trace at X times real time (default: as fast as the router keeps up)",
+    )
+    return trace
+
+
 def sim_options(args: argparse.Namespace) -> SimOptions:
     return SimOptions(
         rounds=None if args.duration is not None else args.rounds,
         duration=args.duration,
         requests_per_round=args.requests_per_round,
-        block_size=args.block_size,
+        block_size=args.block_size or SimOptions().block_size,
         cache_blocks=args.cache_blocks,
         ranks=args.ranks,
         seed=args.seed,

@@ -16,6 +16,8 @@ from tskv.core.config import ConfigError, KVEventsConfig
 from tskv.curve.security import server_security
 from tskv.shells.publisher import Publisher, open_publisher
 from tskv.sim import SchedulerLoop, SimOptions, check_options
+from tskv.sim.trace import read_trace
+from tskv.sim.trace_routing import ProgressBar, TraceOptions, publish_trace
 
 ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end
 
@@ -53,8 +55,51 @@ def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
 async def main(args: argparse.Namespace) -> int:
     config = simulate_config(args)
     server_security(config)  # read the key files now, to report a bad one before starting
+    if args.trace is not None:
+        await simulate_trace(args, config)
+        return 0
+    given = [flag for flag in TRACE_ONLY if getattr(args, flag) is not None]
+    if given:
+        flags = ", ".join(f"--{flag.replace('_', '-')}" for flag in given)
+        raise ValueError(f"{flags}: only with --trace FILE")
     await simulate(sim_options(args), config)
     return 0
+
+
+def announce(publishers: list[Publisher], config: KVEventsConfig, out: TextIO) -> None:
+    for rank, publisher in enumerate(publishers):
+        replay = publisher.replay_endpoint
+        how = "bound to" if config.binds(config.endpoint) else "connecting to"
+        print(
+            f"rank {rank}: publishing {how} {publisher.endpoint}"
+            + (f", replay bound to {replay}" if replay else ""),
+            file=out,
+            flush=True,
+        )
+
+
+TRACE_ONLY = ("requests", "cache_tokens", "prefill_rate", "speed")
+
+
+async def simulate_trace(args: argparse.Namespace, config: KVEventsConfig) -> None:
+    """Publish a trace's KV events: its requests served round-robin by --ranks workers."""
+    requests = read_trace(args.trace, args.requests)
+    defaults = TraceOptions()
+    options = TraceOptions(
+        cache_tokens=args.cache_tokens or defaults.cache_tokens,
+        block_size=args.block_size or defaults.block_size,
+        prefill_rate=args.prefill_rate or defaults.prefill_rate,
+        speed=args.speed,
+    )
+    async with AsyncExitStack() as stack:
+        publishers = [
+            await stack.enter_async_context(open_publisher(config, rank))
+            for rank in range(args.ranks)
+        ]
+        announce(publishers, config, sys.stdout)
+        await publish_trace(requests, publishers, options, ProgressBar(len(requests)))
+        batches = sum(publisher.statistics().accepted for publisher in publishers)
+    print(f"tskv simulate: {len(requests)} requests, {batches} batches published", flush=True)
 
 
 @trio.lowlevel.enable_ki_protection  # Ctrl-C lands at a checkpoint, so the summary is printed
@@ -79,15 +124,7 @@ async def simulate(
                 for rank in range(options.ranks)
             ]
             loop = SchedulerLoop(options, publishers)
-            for rank, publisher in enumerate(publishers):
-                replay = publisher.replay_endpoint
-                how = "bound to" if config.binds(config.endpoint) else "connecting to"
-                print(
-                    f"rank {rank}: publishing {how} {publisher.endpoint}"
-                    + (f", replay bound to {replay}" if replay else ""),
-                    file=out,
-                    flush=True,
-                )
+            announce(publishers, config, out)
             task_status.started(publishers)
             await loop.run()
     finally:

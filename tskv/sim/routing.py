@@ -1,5 +1,6 @@
-"""A shared-prefix workload routed across simulated workers: by the prefix index, round-robin,
-or at random. `tskv demo --route N` runs it and prints what each policy costs.
+"""A shared-prefix workload routed across simulated workers: by the load-aware policy over the
+prefix index (`tskv.LoadAwarePolicy`), round-robin, or at random. `tskv demo --route N` runs it
+and prints what each policy costs.
 
 Every worker is a real publisher on loopback; the index is kept by a real watcher. Before each
 round is routed, the watcher has applied every batch the workers published (a router's view as
@@ -18,14 +19,15 @@ import attrs
 
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
-from tskv.core.prefix_index import PrefixIndex
+from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.routing import LoadAwarePolicy
 from tskv.shells.publisher import Publisher, open_publisher
 from tskv.shells.watcher import Watcher, open_watcher
 from tskv.sim.block_hash import chain_hashes
 from tskv.sim.sampling import GenerateRequest
 from tskv.sim.simulator import Simulator, Workload, step_round
 
-POLICIES = ("prefix index", "round-robin", "random")
+POLICIES = ("kv", "round_robin", "random")
 
 
 @attrs.frozen
@@ -45,10 +47,22 @@ class PolicyResult:
     prefilled_tokens: int = 0  # prompt tokens not in the chosen worker's cache when routed
     index_equal: bool = True  # the index equalled every worker's cache at the end
     stale_answers: int = 0
+    load: dict[int, int] = attrs.Factory(dict)  # prompt tokens routed to each worker
+
+    @property
+    def max_load_share(self) -> float:
+        total = sum(self.load.values())
+        return max(self.load.values()) / total if total else 0.0
 
     @property
     def hit_rate(self) -> float:
         return 1 - self.prefilled_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _outstanding(sim: Simulator) -> float:
+    """A worker's queued work, in tokens: prompts waiting, and tokens still to decode."""
+    waiting = sum(len(request.prompt_ids) for request, _ in sim.waiting)
+    return waiting + sum(r.request.max_new_tokens - r.generated for r in sim.running)
 
 
 def _cached_prefix(sim: Simulator, prompt: tuple[int, ...], block_size: int) -> int:
@@ -68,6 +82,7 @@ async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
     choose_randomly = random.Random(options.seed)
     sims = [Simulator(options.cache_blocks, options.block_size) for _ in range(options.workers)]
     index = PrefixIndex(options.block_size)
+    policy_ = LoadAwarePolicy()
     config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
     async with AsyncExitStack() as stack:
         publishers = [
@@ -83,24 +98,25 @@ async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
 
         def route(request: GenerateRequest) -> int:
             nonlocal turn
-            if policy == "round-robin":
+            if policy == "round_robin":
                 turn += 1
                 return turn % options.workers
             if policy == "random":
                 return choose_randomly.randrange(options.workers)
             match = index.match(request.prompt_ids)
             result.stale_answers += bool(match.stale)
-            best = max(
-                range(options.workers),
-                key=lambda w: (match.get(w, 0), -len(sims[w].waiting) - len(sims[w].running)),
-            )
-            return best
+            queued: dict[Worker, float] = {w: _outstanding(sim) for w, sim in enumerate(sims)}
+            prompt = len(request.prompt_ids)
+            rank = policy_.choose(match, prompt, options.block_size, queued).worker
+            assert isinstance(rank, int)
+            return rank
 
         for _ in range(options.rounds):
             for _ in range(options.requests_per_round):
                 request, conversation = workload.next_request()
                 worker = route(request)
                 result.prompt_tokens += len(request.prompt_ids)
+                result.load[worker] = result.load.get(worker, 0) + len(request.prompt_ids)
                 cached = _cached_prefix(sims[worker], request.prompt_ids, options.block_size)
                 result.prefilled_tokens += len(request.prompt_ids) - cached
                 sims[worker].submit(request, conversation)
@@ -158,10 +174,10 @@ async def compare(
         f"tskv demo --route: {options.workers} workers, {options.rounds} rounds, "
         f"{options.requests_per_round} requests a round, seed {options.seed}"
     )
-    out(f"{'policy':>12}   prefix hit rate   prompt tokens   tokens to prefill")
+    out(f"{'policy':>12}   prefix hit rate   prompt tokens   tokens to prefill   busiest worker")
     for r in results:
         tokens = f"{r.prompt_tokens:13,}   {r.prefilled_tokens:17,}"
-        out(f"{r.policy:>12}   {r.hit_rate:15.1%}   {tokens}")
+        out(f"{r.policy:>12}   {r.hit_rate:15.1%}   {tokens}   {r.max_load_share:14.1%}")
     out("")
     for line in bar_chart(results):
         out(line)

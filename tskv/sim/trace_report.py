@@ -63,8 +63,9 @@ def table(
         f"{'policy':>22}   hit rate   of ceiling   tokens to prefill   busiest worker",
     ]
     for r in results:
+        of_ceiling = f"{r.hit_rate / ceiling:10.0%}" if ceiling else f"{'n/a':>10}"
         lines.append(
-            f"{r.policy:>22}   {r.hit_rate:8.1%}   {r.hit_rate / ceiling:10.0%}   "
+            f"{r.policy:>22}   {r.hit_rate:8.1%}   {of_ceiling}   "
             f"{r.prompt_tokens - r.cached_tokens:17,}   {r.max_load_share:6.1%} (even: {even:.1%})"
         )
     exact = all(r.index_exact for r in results)

@@ -75,10 +75,16 @@ class TraceResult:
         }
 
 
-class _Fleet:
-    """The workers, their publishers, and the events waiting for their prefill to end."""
+class Fleet:
+    """The workers, their publishers, and the events waiting for their prefill to end; with a
+    watcher, publishing waits until the watcher's index holds what was published."""
 
-    def __init__(self, workers: list[TraceWorker], publishers: list[Publisher], watcher: Watcher):
+    def __init__(
+        self,
+        workers: list[TraceWorker],
+        publishers: list[Publisher],
+        watcher: Watcher | None = None,
+    ) -> None:
         self.workers, self.publishers, self.watcher = workers, publishers, watcher
         self._due: list[tuple[float, int, int, list[KVEvent]]] = []
         self._order = itertools.count()
@@ -94,10 +100,11 @@ class _Fleet:
             _, _, worker, events = heapq.heappop(self._due)
             await self.publishers[worker].publish(events)
             touched.add(worker)
+        if self.watcher is None:
+            return
         for worker in touched:
-            await self.watcher.wait_for_seq(
-                worker, self.publishers[worker].statistics().accepted - 1
-            )
+            last = self.publishers[worker].statistics().accepted - 1
+            await self.watcher.wait_for_seq(worker, last)
 
 
 async def run_policy(
@@ -130,7 +137,7 @@ async def run_policy(
             watcher.add(rank, publisher.endpoint, publisher.replay_endpoint)
         for publisher in publishers:
             await publisher.wait_for_subscriber()
-        fleet = _Fleet(workers, publishers, watcher)
+        fleet = Fleet(workers, publishers, watcher)
         step = max(1, len(requests) // 100)
         for number, request in enumerate(requests):
             now = request.timestamp_ms / 1000
@@ -142,8 +149,9 @@ async def run_policy(
                 queued: dict[Worker, float] = {r: w.queued(now) for r, w in enumerate(workers)}
                 match = index.match(tokens)
                 result.stale_answers += bool(match.stale)
-                choice = router.choose(match, len(tokens), options.block_size, queued)
-                worker = int(choice.worker)  # type: ignore[call-overload]  # a rank
+                chosen = router.choose(match, len(tokens), options.block_size, queued).worker
+                assert isinstance(chosen, int)
+                worker = chosen
                 if policy == "kv":
                     index.predict(worker, tokens, options.predicted_ttl)
             elif policy == "round_robin":
@@ -166,6 +174,33 @@ async def run_policy(
         )
     result.seconds = time.monotonic() - started
     return result
+
+
+async def publish_trace(
+    requests: list[TraceRequest],
+    publishers: list[Publisher],
+    options: TraceOptions,
+    progress: Callable[[str, int], None] = lambda policy, done: None,
+) -> list[TraceWorker]:
+    """Serve the trace's requests round-robin on one worker per publisher and publish their KV
+    events (`tskv simulate --trace`); returns the workers, whose caches the events describe."""
+    workers = [
+        TraceWorker(options.cache_tokens, options.block_size, options.prefill_rate)
+        for _ in publishers
+    ]
+    fleet = Fleet(workers, publishers)
+    started = time.monotonic()
+    for number, request in enumerate(requests):
+        now = request.timestamp_ms / 1000
+        if options.speed is not None:
+            await trio.sleep_until(_wall(started, now, options.speed))
+        await fleet.publish_until(now)
+        worker = number % len(workers)
+        served = workers[worker].serve(request, now)
+        fleet.served(worker, served.done_at, served.events)
+        progress("published", number + 1)
+    await fleet.publish_until(float("inf"))
+    return workers
 
 
 def _wall(started: float, trace_seconds: float, speed: float) -> float:
