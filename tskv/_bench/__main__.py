@@ -33,6 +33,7 @@ from tskv._bench.latency import latency_section, shutdown_section
 from tskv._bench.memory import memory_section
 from tskv._bench.report import child_figures, measure, report
 from tskv._bench.rounds import msgspec
+from tskv._bench.routing import routing_section
 from tskv._bench.snapshots import snapshots_section
 
 SECTIONS = [
@@ -45,6 +46,7 @@ SECTIONS = [
     "memory",
     "snapshots",
     "index",
+    "routing",
 ]
 
 
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         memory_section(out)
     if "snapshots" in sections:
         snapshots_section(args.reps, out)
+    if "routing" in sections:
+        routing_section(out)
     if "index" in sections:
         from tskv._bench.index import index_section
 

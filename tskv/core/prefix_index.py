@@ -153,6 +153,17 @@ class _WorkerView:
         self.extra_refs: dict[int, int] = {}
 
 
+def plain_keys(key: int, tokens: Sequence[int | str], count: int, size: int) -> list[int | None]:
+    """Keys of `count` full blocks with no extra or multimodal keys, under parent `key`: the
+    usual event, and the usual request."""
+    keys: list[int | None] = []
+    chunks = tuple(tokens)  # slicing a tuple is cheaper than unpacking list slices
+    for start in range(0, count * size, size):
+        key = hash((key, chunks[start : start + size]))
+        keys.append(key)
+    return keys
+
+
 def keys_slowly(
     key: int | None,
     tokens: Sequence[int | str],
@@ -294,12 +305,9 @@ class PrefixIndex:
         tokens = event.token_ids
         extra, mm = event.extra_keys, event.mm_keys
         hashes = event.block_hashes
+        keys: list[int | None]
         if key is not None and extra is None and mm is None and len(tokens) >= len(hashes) * size:
-            keys: list[int | None] = []  # the usual event: every block full, no extra keys
-            chunks = tuple(tokens)  # slicing a tuple is cheaper than unpacking list slices
-            for start in range(0, len(hashes) * size, size):
-                key = hash((key, chunks[start : start + size]))
-                keys.append(key)
+            keys = plain_keys(key, tokens, len(hashes), size)  # the usual event
         else:
             keys = keys_slowly(key, tokens, extra, mm, len(hashes), size)
             self._orphans += keys.count(None)
@@ -426,8 +434,11 @@ class PrefixIndex:
         reset. Blocks it already holds are left as they are."""
         number_at_least("ttl", ttl, 0, above=True)
         bit, holders, size = self._view(worker).bit, self._holders, self.block_size
-        root = root_key(lora_name, cache_salt)
-        keys = keys_slowly(root, token_ids, extra_keys, mm_keys, len(token_ids) // size, size)
+        root, count = root_key(lora_name, cache_salt), len(token_ids) // size
+        if extra_keys is None and mm_keys is None:
+            keys = plain_keys(root, token_ids, count, size)
+        else:
+            keys = keys_slowly(root, token_ids, extra_keys, mm_keys, count, size)
         fresh = [key for key in keys if key is not None and not holders.get(key, 0) & bit]
         self._predictions.add(bit, fresh, ttl)
 

@@ -67,6 +67,11 @@ class TraceResult:
     def max_load_share(self) -> float:
         return max(self.load) / sum(self.load) if sum(self.load) else 0.0
 
+    def record(self, request: TraceRequest, worker: int, cached_tokens: int) -> None:
+        self.prompt_tokens += request.input_length
+        self.cached_tokens += cached_tokens
+        self.load[worker] += request.input_length
+
     def summary(self) -> dict[str, float | int]:
         return {
             "hit_rate": round(self.hit_rate, 4),
@@ -119,25 +124,11 @@ async def run_policy(
     index = PrefixIndex(options.block_size, clock=lambda: now)  # predictions live in trace time
     router = LoadAwarePolicy()
     pick = random.Random(options.seed)
-    workers = [
-        TraceWorker(options.cache_tokens, options.block_size, options.prefill_rate)
-        for _ in range(options.workers)
-    ]
-    run = next(_RUNS)
-    name = f"inproc://tskv-trace-{run}"
-    config = KVEventsConfig(endpoint=name, replay_endpoint=f"{name}-replay")
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        publishers = [
-            await stack.enter_async_context(open_publisher(config, rank))
-            for rank in range(options.workers)
-        ]
-        watcher = await stack.enter_async_context(open_watcher(index))
-        for rank, publisher in enumerate(publishers):
-            watcher.add(rank, publisher.endpoint, publisher.replay_endpoint)
-        for publisher in publishers:
-            await publisher.wait_for_subscriber()
-        fleet = Fleet(workers, publishers, watcher)
+        fleet = await _watched_fleet(stack, options, index)
+        workers, watcher = fleet.workers, fleet.watcher
+        assert watcher is not None
         step = max(1, len(requests) // 100)
         for number, request in enumerate(requests):
             now = request.timestamp_ms / 1000
@@ -147,22 +138,18 @@ async def run_policy(
             tokens = request.token_ids()
             if policy.startswith("kv"):
                 queued: dict[Worker, float] = {r: w.queued(now) for r, w in enumerate(workers)}
-                match = index.match(tokens)
-                result.stale_answers += bool(match.stale)
-                chosen = router.choose(match, len(tokens), options.block_size, queued).worker
-                assert isinstance(chosen, int)
-                worker = chosen
+                worker = _choose(index, router, tokens, queued, result)
                 if policy == "kv":
                     index.predict(worker, tokens, options.predicted_ttl)
-            elif policy == "round_robin":
-                worker = number % options.workers
             else:
-                worker = pick.randrange(options.workers)
+                worker = (
+                    number % options.workers
+                    if policy == "round_robin"
+                    else pick.randrange(options.workers)
+                )
             served = workers[worker].serve(request, now)
             fleet.served(worker, served.done_at, served.events)
-            result.prompt_tokens += request.input_length
-            result.cached_tokens += served.cached_tokens
-            result.load[worker] += request.input_length
+            result.record(request, worker, served.cached_tokens)
             if number % step == step - 1 or number == len(requests) - 1:
                 result.hit_rate_over_time.append(result.hit_rate)
                 progress(policy, number + 1)
@@ -174,6 +161,26 @@ async def run_policy(
         )
     result.seconds = time.monotonic() - started
     return result
+
+
+async def _watched_fleet(stack: AsyncExitStack, options: TraceOptions, index: PrefixIndex) -> Fleet:
+    """Fresh workers, each a publisher on inproc, and a watcher keeping `index` current."""
+    name = f"inproc://tskv-trace-{next(_RUNS)}"
+    config = KVEventsConfig(endpoint=name, replay_endpoint=f"{name}-replay")
+    publishers = [
+        await stack.enter_async_context(open_publisher(config, rank))
+        for rank in range(options.workers)
+    ]
+    watcher = await stack.enter_async_context(open_watcher(index))
+    for rank, publisher in enumerate(publishers):
+        watcher.add(rank, publisher.endpoint, publisher.replay_endpoint)
+    for publisher in publishers:
+        await publisher.wait_for_subscriber()
+    workers = [
+        TraceWorker(options.cache_tokens, options.block_size, options.prefill_rate)
+        for _ in publishers
+    ]
+    return Fleet(workers, publishers, watcher)
 
 
 async def publish_trace(
@@ -201,6 +208,20 @@ async def publish_trace(
         progress("published", number + 1)
     await fleet.publish_until(float("inf"))
     return workers
+
+
+def _choose(
+    index: PrefixIndex,
+    router: LoadAwarePolicy,
+    tokens: list[int],
+    queued: dict[Worker, float],
+    result: TraceResult,
+) -> int:
+    match = index.match(tokens)
+    result.stale_answers += bool(match.stale)
+    chosen = router.choose(match, len(tokens), index.block_size, queued).worker
+    assert isinstance(chosen, int)
+    return chosen
 
 
 def _wall(started: float, trace_seconds: float, speed: float) -> float:
