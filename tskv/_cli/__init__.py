@@ -30,6 +30,7 @@ from tskv._cli.options import (
     sim_flags,
     start_point,
     trace_flags,
+    weight,
 )
 from tskv.core.config import did_you_mean
 
@@ -127,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace = trace_flags(demo, "routing a request trace (with --route)")
     trace.add_argument("--json", action="store_true", help="print one JSON object instead")
+    trace.add_argument(
+        "--load-weight",
+        type=weight,
+        metavar="W",
+        help="the kv policy's weight of a queued token against a token to prefill (1.0)",
+    )
 
     simulate = commands.add_parser(
         "simulate",

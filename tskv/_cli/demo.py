@@ -51,7 +51,7 @@ def check_demo_options(args: argparse.Namespace) -> None:
         )
 
 
-TRACE_FLAGS = ("requests", "cache_tokens", "prefill_rate", "speed", "json")
+TRACE_FLAGS = ("requests", "cache_tokens", "prefill_rate", "speed", "json", "load_weight")
 
 
 def check_trace_options(args: argparse.Namespace) -> None:
@@ -79,6 +79,7 @@ async def route_trace(args: argparse.Namespace) -> int:
         prefill_rate=args.prefill_rate or defaults.prefill_rate,
         speed=args.speed,
         seed=args.seed,
+        load_weight=defaults.load_weight if args.load_weight is None else args.load_weight,
     )
     results = await compare_trace(requests, options, print, as_json=args.json, plot=args.plot)
     return 0 if all(result.index_exact for result in results) else 1

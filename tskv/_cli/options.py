@@ -47,6 +47,17 @@ def positive_float(value: str) -> float:
     return number
 
 
+def weight(value: str) -> float:
+    """A finite number, 0 or more."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 <= number < float("inf"):
+        raise argparse.ArgumentTypeError(f"{number} must be a finite number, 0 or more")
+    return number
+
+
 def positive(value: str) -> int:
     number = non_negative(value)
     if number == 0:

@@ -43,6 +43,7 @@ class TraceOptions:
     block_size: int = 64
     prefill_rate: float = 5_000.0  # prompt tokens a second per worker
     predicted_ttl: float = 10.0  # trace seconds a speculative entry lasts
+    load_weight: float = 1.0  # LoadAwarePolicy's weight of a queued token
     speed: float | None = None  # times real time; None: as fast as the router keeps up
     seed: int = 0
 
@@ -122,7 +123,7 @@ async def run_policy(
     result = TraceResult(policy, load=[0] * options.workers)
     now = 0.0
     index = PrefixIndex(options.block_size, clock=lambda: now)  # predictions live in trace time
-    router = LoadAwarePolicy()
+    router = LoadAwarePolicy(load_weight=options.load_weight)
     pick = random.Random(options.seed)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
