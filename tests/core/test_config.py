@@ -68,3 +68,15 @@ def test_unknown_keys_are_accepted_and_named_to_warn() -> None:
 )
 def test_enabled_follows_tokenspeed(text: str, enabled: bool) -> None:
     assert KVEventsConfig.from_json(text).enabled is enabled
+
+
+def test_the_wire_decides_the_reply_layout_and_snapshots_need_a_replay_endpoint() -> None:
+    from tskv.core.wire_format import Layout, layout
+
+    assert layout("vllm", "kv") == Layout(reply_topic=b"kv", tiered_state=True)
+    assert layout("tokenspeed", "kv") == Layout(reply_topic=None, tiered_state=False)
+    config = KVEventsConfig(wire_format="vllm", topic="t")
+    assert config.layout == Layout(b"t", True)
+    assert config.serves_snapshots("tcp://127.0.0.1:5558")
+    assert not config.serves_snapshots(None)  # snapshots are served on the replay socket
+    assert not KVEventsConfig(snapshots=False).serves_snapshots("tcp://127.0.0.1:5558")

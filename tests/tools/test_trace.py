@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,25 @@ async def test_a_traces_events_published_for_any_consumer_rebuild_every_workers_
         for rank, worker in enumerate(workers):
             assert worker.engine_hashes() and index.engine_hashes(rank) == worker.engine_hashes()
             assert watcher.status(rank).losses == 0
+
+
+def test_speed_paces_the_trace_at_that_many_times_real_time(tmp_path: Path) -> None:
+    """Three requests 20 ms apart at a tenth of real time cannot take under 0.2 s."""
+    trace = write(tmp_path / "t.jsonl", LINES)
+    started = time.monotonic()
+    done = run_cli("demo", "--route", "2", "--trace", str(trace), "--speed", "0.1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started >= 4 * 0.2  # four policies, each paced
+    assert json.loads(done.stdout)["index_exact"] is True
+
+
+def test_simulate_publishes_a_trace_and_says_what_it_published() -> None:
+    done = run_cli(
+        "simulate", "--trace", str(HEAD), "--requests", "20",
+        "--endpoint", LOOPBACK, "--replay-endpoint", LOOPBACK, "--ranks", "2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("rank 0: publishing bound to tcp://127.0.0.1:")
+    assert lines[1].startswith("rank 1: publishing bound to tcp://127.0.0.1:")
+    assert lines[-1].startswith("tskv simulate: 20 requests, ") and "batches published" in lines[-1]
