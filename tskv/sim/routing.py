@@ -9,11 +9,9 @@ of the last round). The run ends by checking the index against every worker's ow
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any
 
 import attrs
 
@@ -21,11 +19,13 @@ from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.routing import LoadAwarePolicy
-from tskv.shells.publisher import Publisher, open_publisher
-from tskv.shells.watcher import Watcher, open_watcher
+from tskv.shells.publisher import Publisher
+from tskv.shells.watcher import Watcher
 from tskv.sim.block_hash import chain_hashes
+from tskv.sim.plotting import pyplot
 from tskv.sim.sampling import GenerateRequest
 from tskv.sim.simulator import Simulator, Workload, step_round
+from tskv.sim.watched import watched_publishers
 
 POLICIES = ("kv", "round_robin", "random")
 
@@ -85,15 +85,7 @@ async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
     policy_ = LoadAwarePolicy()
     config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
     async with AsyncExitStack() as stack:
-        publishers = [
-            await stack.enter_async_context(open_publisher(config, rank))
-            for rank in range(options.workers)
-        ]
-        watcher = await stack.enter_async_context(open_watcher(index))
-        for rank, publisher in enumerate(publishers):
-            watcher.add(rank, publisher.endpoint, publisher.replay_endpoint)
-        for publisher in publishers:
-            await publisher.wait_for_subscriber()
+        publishers, watcher = await watched_publishers(stack, config, options.workers, index)
         turn = 0
 
         def route(request: GenerateRequest) -> int:
@@ -150,11 +142,8 @@ def bar_chart(results: list[PolicyResult], width: int = 40) -> list[str]:
 
 def save_plot(results: list[PolicyResult], path: str) -> bool:
     """A bar chart image when matplotlib is installed; False (nothing written) otherwise."""
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")  # no display needed
-        plt: Any = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, axes = plt.subplots(figsize=(6, 3))
     axes.bar([r.policy for r in results], [r.hit_rate * 100 for r in results])

@@ -3,11 +3,11 @@ the trace, beside the ceiling, as a table, as JSON, and as a plot."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from typing import Any
 
+from tskv.sim.plotting import pyplot
 from tskv.sim.trace import TraceRequest, max_hit_rate
 from tskv.sim.trace_routing import POLICIES, ProgressBar, TraceOptions, TraceResult, run_policy
 
@@ -82,11 +82,8 @@ def table(
 def save_trace_plot(results: list[TraceResult], options: TraceOptions, path: str) -> bool:
     """Hit rate over the trace per policy, and each worker's load: a PNG when matplotlib is
     installed; False (nothing written) otherwise."""
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")  # no display needed
-        plt: Any = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, (over_time, load) = plt.subplots(1, 2, figsize=(11, 4))
     for result in results:

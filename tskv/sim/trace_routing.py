@@ -27,10 +27,11 @@ from tskv.core.config import KVEventsConfig
 from tskv.core.events import KVEvent
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.routing import LoadAwarePolicy
-from tskv.shells.publisher import Publisher, open_publisher
-from tskv.shells.watcher import Watcher, open_watcher
+from tskv.shells.publisher import Publisher
+from tskv.shells.watcher import Watcher
 from tskv.sim.trace import TraceRequest
 from tskv.sim.trace_fleet import TraceWorker
+from tskv.sim.watched import watched_publishers
 
 POLICIES = ("kv", "kv_without_predictions", "round_robin", "random")
 _RUNS = itertools.count()
@@ -168,15 +169,7 @@ async def _watched_fleet(stack: AsyncExitStack, options: TraceOptions, index: Pr
     """Fresh workers, each a publisher on inproc, and a watcher keeping `index` current."""
     name = f"inproc://tskv-trace-{next(_RUNS)}"
     config = KVEventsConfig(endpoint=name, replay_endpoint=f"{name}-replay")
-    publishers = [
-        await stack.enter_async_context(open_publisher(config, rank))
-        for rank in range(options.workers)
-    ]
-    watcher = await stack.enter_async_context(open_watcher(index))
-    for rank, publisher in enumerate(publishers):
-        watcher.add(rank, publisher.endpoint, publisher.replay_endpoint)
-    for publisher in publishers:
-        await publisher.wait_for_subscriber()
+    publishers, watcher = await watched_publishers(stack, config, options.workers, index)
     workers = [
         TraceWorker(options.cache_tokens, options.block_size, options.prefill_rate)
         for _ in publishers
