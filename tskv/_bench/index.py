@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from tskv._bench.fleet import watch_scale
-from tskv._bench.processes import in_fresh_process
+from tskv._bench.processes import in_fresh_process, percentile
 from tskv._bench.rounds import BLOCK
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
 from tskv.core.prefix_index import PrefixIndex
@@ -135,12 +135,11 @@ def _measure_side(make: Callable[[], Any], blocks: int) -> dict[str, float]:
         result = side.match(tokens)
         latencies.append(time.perf_counter() - began)
         matched += bool(len(result.scores) if hasattr(result, "scores") else len(result))
-    latencies.sort()
     return {
         "events_per_s": len(events) / applied,
         "blocks_per_s": 4 * len(events) / applied,
-        "p50_us": latencies[len(latencies) // 2] * 1e6,
-        "p99_us": latencies[int(0.99 * len(latencies))] * 1e6,
+        "p50_us": percentile(latencies, 0.5) * 1e6,
+        "p99_us": percentile(latencies, 0.99) * 1e6,
         "matched": matched,
     }
 

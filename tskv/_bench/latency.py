@@ -12,7 +12,7 @@ import trio.testing
 import zmq
 
 import tskv
-from tskv._bench.processes import child, fmt
+from tskv._bench.processes import child, fmt, percentile
 from tskv._bench.rounds import round_makers
 from tskv.core import frames
 from tskv.core.codec import encode_round
@@ -119,12 +119,10 @@ def latency_section(out: Callable[[str], None]) -> None:
     out("|---|---|---|---|---|---|")
     for replaying in (False, True):
         latencies, replayed = paced_latencies(replaying)
-        ordered = sorted(latencies)
-        p50 = ordered[len(ordered) // 2] * 1e3
-        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3
+        p50, p99 = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
         label = "while 10,000-batch replays are served" if replaying else "steady"
         out(
-            f"| {label} | {p50:.2f} ms | {p99:.2f} ms | {ordered[-1] * 1e3:.2f} ms "
+            f"| {label} | {p50:.2f} ms | {p99:.2f} ms | {max(latencies) * 1e3:.2f} ms "
             f"| {len(latencies)} | {replayed:,} |"
         )
 

@@ -50,3 +50,9 @@ def last_endpoint(sock: zmq.Socket[bytes]) -> str:
     """The address a bound socket really uses (port 0 resolved)."""
     value = sock.getsockopt(zmq.LAST_ENDPOINT)
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def percentile(values: list[float], share: float) -> float:
+    """The value `share` of the way up the sorted values (0.5: the median, 0.99: p99)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tskv._bench.processes import percentile
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.routing import LoadAwarePolicy
 from tskv.sim.trace import TraceRequest, read_trace
@@ -54,11 +55,6 @@ def _decisions(requests: list[TraceRequest], workers: int, predict: bool) -> dic
     return {"match": matches, "decision": decisions}
 
 
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
 def routing_section(out: Callable[[str], None]) -> None:
     trace = next((path for path in TRACES if path.exists()), None)
     out("\n## The router's decision per request (match + LoadAwarePolicy), Mooncake trace\n")
@@ -76,8 +72,8 @@ def routing_section(out: Callable[[str], None]) -> None:
         for predict in (False, True):
             times = _decisions(requests, workers, predict)
             match, decision = times["match"], times["decision"]
-            p50m, p99m = _percentile(match, 0.5) * 1e6, _percentile(match, 0.99) * 1e6
-            p50d, p99d = _percentile(decision, 0.5) * 1e6, _percentile(decision, 0.99) * 1e6
+            p50m, p99m = percentile(match, 0.5) * 1e6, percentile(match, 0.99) * 1e6
+            p50d, p99d = percentile(decision, 0.5) * 1e6, percentile(decision, 0.99) * 1e6
             out(
                 f"| {workers} | {'yes' if predict else 'no'} | {p50m:.0f} / {p99m:.0f} | "
                 f"{p50d:.0f} / {p99d:.0f} | {statistics.mean(decision) * 1e6:.0f} | "

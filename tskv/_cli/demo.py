@@ -16,7 +16,7 @@ from typing import TextIO
 
 import trio
 
-from tskv._cli.options import sim_options
+from tskv._cli.options import flags_given, sim_options
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
 from tskv.core.losses import Loss
@@ -57,9 +57,8 @@ TRACE_FLAGS = ("requests", "cache_tokens", "prefill_rate", "speed", "json", "loa
 def check_trace_options(args: argparse.Namespace) -> None:
     if args.trace is not None and args.route is None:
         raise ValueError("--trace FILE goes with --route WORKERS: say how many workers serve it")
-    given = [name for name in TRACE_FLAGS if getattr(args, name) not in (None, False)]
-    if given and args.trace is None:
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+    flags = flags_given(args, TRACE_FLAGS)
+    if flags and args.trace is None:
         raise ValueError(f"{flags}: only with --route WORKERS --trace FILE")
     if args.trace is not None and args.block_size is not None and 512 % args.block_size:
         raise ValueError(

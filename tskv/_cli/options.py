@@ -37,11 +37,15 @@ def start_point(value: str) -> int | str:
         ) from None
 
 
-def positive_float(value: str) -> float:
+def _number(value: str) -> float:
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+
+
+def positive_float(value: str) -> float:
+    number = _number(value)
     if not number > 0:
         raise argparse.ArgumentTypeError(f"{number} must be positive")
     return number
@@ -49,13 +53,17 @@ def positive_float(value: str) -> float:
 
 def weight(value: str) -> float:
     """A finite number, 0 or more."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    number = _number(value)
     if not 0 <= number < float("inf"):
         raise argparse.ArgumentTypeError(f"{number} must be a finite number, 0 or more")
     return number
+
+
+def flags_given(args: argparse.Namespace, names: tuple[str, ...]) -> str:
+    """The flags among `names` the user gave (as typed: `--cache-tokens`), comma-separated; ""
+    when none was."""
+    given = [name for name in names if getattr(args, name) not in (None, False)]
+    return ", ".join(f"--{name.replace('_', '-')}" for name in given)
 
 
 def positive(value: str) -> int:

@@ -11,7 +11,7 @@ from typing import TextIO
 import attrs
 import trio
 
-from tskv._cli.options import sim_options
+from tskv._cli.options import flags_given, sim_options
 from tskv.core.config import ConfigError, KVEventsConfig
 from tskv.curve.security import server_security
 from tskv.shells.publisher import Publisher, open_publisher
@@ -58,9 +58,8 @@ async def main(args: argparse.Namespace) -> int:
     if args.trace is not None:
         await simulate_trace(args, config)
         return 0
-    given = [flag for flag in TRACE_ONLY if getattr(args, flag) is not None]
-    if given:
-        flags = ", ".join(f"--{flag.replace('_', '-')}" for flag in given)
+    flags = flags_given(args, TRACE_ONLY)
+    if flags:
         raise ValueError(f"{flags}: only with --trace FILE")
     await simulate(sim_options(args), config)
     return 0

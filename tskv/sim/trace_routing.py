@@ -110,7 +110,7 @@ class Fleet:
         if self.watcher is None:
             return
         for worker in touched:
-            last = self.publishers[worker].statistics().accepted - 1
+            last = self.publishers[worker].accepted - 1  # not statistics(): every request
             await self.watcher.wait_for_seq(worker, last)
 
 
