@@ -1,0 +1,122 @@
+"""A block's content key: what the prefix index files a block under, no I/O.
+
+A block's key is Python's hash of its parent's key and its content hash; the content hash is
+the hash of its token ids (with its identity beside the tokens, when it has one: its extra keys
+and multimodal items). At the root, the LoRA name and the cache salt (SGLang's and vLLM's
+per-tenant namespace). Everything that makes a block's identity in its engine is in its key, so
+one tenant's query never matches another tenant's salted blocks, whatever hashing scheme the
+engine uses (TokenSpeed's FNV, vLLM's SHA-256 or xxHash, the simulator's).
+
+A key is the same in every process: a watcher's reader processes key the blocks and the
+router's process matches against them. Ints and tuples of ints hash alike in any interpreter of
+one build, but strings, bytes and None hash by a per-process seed or address, so each of those
+is replaced by a digest of it first (`stable`): in identities and at the root always, and in
+token ids (TensorRT-LLM's string placeholders) when there are any.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from typing import Any, cast
+
+from tskv.core.events import MMKey
+
+Identity = Any  # extra keys and multimodal items of one block, as a hashable value, or None
+_NONE = 0x6E6F6E65  # what None stands for: its hash is its address, which differs by process
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
+def stable(value: Any) -> Any:
+    """`value` as something hashable whose hash is the same in every process: strings and
+    bytes as digests of them, None as a constant, lists and dicts as tuples (they arrive as
+    lists from the wire)."""
+    if isinstance(value, str):
+        return _digest(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, (bytes, bytearray)):
+        return _digest(b"\x00" + bytes(value))  # not the digest of the same text as a string
+    if value is None:
+        return _NONE
+    if isinstance(value, (list, tuple)):
+        return tuple(stable(item) for item in value)
+    if isinstance(value, dict):
+        return tuple(sorted((stable(key), stable(item)) for key, item in value.items()))
+    return value
+
+
+_ROOT = stable("tskv-prefix-root")
+
+
+def root_key(lora_name: str | None, cache_salt: str | None = None) -> int:
+    """The key a chain hangs from: prefixes cached under different LoRA adapters, or under
+    different cache salts, differ."""
+    return hash((_ROOT, stable(lora_name), stable(cache_salt)))
+
+
+def int_tokens(tokens: Sequence[int | str]) -> tuple[tuple[int, ...], bool]:
+    """The token ids as a tuple of ints (a string one as its digest), and whether there was
+    a string among them."""
+    chunks = tuple(tokens)
+    try:
+        sum(cast("tuple[int, ...]", chunks))  # refuses a string, at C speed
+    except TypeError:
+        return tuple(t if type(t) is int else stable(t) for t in chunks), True
+    return cast("tuple[int, ...]", chunks), False
+
+
+def block_identity(
+    extra_keys: Sequence[Any] | None, mm_keys: Sequence[Sequence[MMKey]] | None, index: int
+) -> Identity:
+    """What, beside its tokens, makes block `index` what it is: its extra keys and its
+    multimodal items (content hash and offset; the uuid only names the item). None when it
+    has neither, so such a block's key is the plain one."""
+    extra = extra_keys[index] if extra_keys is not None and index < len(extra_keys) else None
+    items = mm_keys[index] if mm_keys is not None and index < len(mm_keys) else None
+    if not items:
+        return None if extra is None else stable(extra)
+    return (stable(extra), tuple((stable(item.hash), item.start_offset) for item in items))
+
+
+def identities(
+    extra_keys: Sequence[Any] | None, mm_keys: Sequence[Sequence[MMKey]] | None, count: int
+) -> list[Identity] | None:
+    """Each of `count` blocks' identity, or None when no block has one (the usual event)."""
+    if extra_keys is None and mm_keys is None:
+        return None
+    found = [block_identity(extra_keys, mm_keys, index) for index in range(count)]
+    return None if all(identity is None for identity in found) else found
+
+
+def content_hashes(
+    tokens: Sequence[int | str], idents: Sequence[Identity] | None, count: int, size: int
+) -> tuple[list[int | None], bool]:
+    """Each of `count` blocks' content hash (None for a block whose tokens fall short: no
+    query can reach it), and whether a token id was a string."""
+    chunks, strings = int_tokens(tokens)
+    whole = min(count, len(chunks) // size)
+    if idents is None:
+        ends = range(0, whole * size, size)
+        hashes: list[int | None] = [hash(chunks[at : at + size]) for at in ends]
+    else:
+        hashes = []
+        for index in range(whole):
+            chunk = chunks[index * size : (index + 1) * size]
+            identity = idents[index]
+            hashes.append(hash(chunk) if identity is None else hash((chunk, identity)))
+    hashes.extend([None] * (count - whole))
+    return hashes, strings
+
+
+def chain(key: int | None, hashes: Sequence[int | None]) -> list[int | None]:
+    """The keys of consecutive blocks under parent `key`: None from the first block no query
+    can reach (no parent known, or its tokens short) on."""
+    keys: list[int | None] = []
+    for content in hashes:
+        key = None if key is None or content is None else hash((key, content))
+        keys.append(key)
+    return keys

@@ -1,0 +1,314 @@
+"""What each worker holds, by content key: the index's state, no I/O.
+
+Every block a worker holds is in its view (the engine's hash, with its tier, to its key), and
+each key has a bit mask of the workers holding it. Storing and removing keep the two in step;
+a run of consecutive BlockStored events, the usual batch, costs a few dict operations for all
+of its blocks together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, cast
+
+from tskv.core.block_keys import chain, root_key
+from tskv.core.predictions import Predictions
+
+Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
+MASK_CACHE = 4096  # masks whose workers are remembered for answers
+_ABSENT = -1  # hash() never returns -1, so no key is ever this
+BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
+# A BlockStored as the index stores it: (block_hashes, parent, content hashes, medium,
+# lora_name, cache_salt, block_size)
+Stored = Sequence[Any]
+
+
+class _Bits:
+    """Which bit stands for which worker, and the workers of a mask, for answers: the same few
+    masks (who holds a popular prefix) come up in query after query, and walking 64 bits in
+    Python costs more than the rest of one."""
+
+    def __init__(self) -> None:
+        self._by_bit: dict[int, Worker] = {}
+        self._free: list[int] = []
+        self._next = 1
+        self._mask_workers: dict[int, tuple[Worker, ...]] = {}
+
+    def take(self, worker: Worker) -> int:
+        if self._free:
+            bit = self._free.pop()
+        else:
+            bit, self._next = self._next, self._next << 1
+        self._by_bit[bit] = worker
+        self._mask_workers.clear()  # a bit may have changed hands
+        return bit
+
+    def give_back(self, bit: int) -> None:
+        del self._by_bit[bit]
+        self._free.append(bit)
+        self._mask_workers.clear()
+
+    def workers_of(self, mask: int) -> tuple[Worker, ...]:
+        workers = self._mask_workers.get(mask)
+        if workers is None:
+            if len(self._mask_workers) >= MASK_CACHE:
+                self._mask_workers.clear()
+            found: list[Worker] = []
+            rest = mask
+            while rest:
+                low = rest & -rest
+                found.append(self._by_bit[low])
+                rest ^= low
+            workers = self._mask_workers[mask] = tuple(found)
+        return workers
+
+
+class _WorkerView:
+    __slots__ = ("bit", "blocks", "extra_refs", "mirrored")
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+        self.mirrored = False  # its blocks are kept elsewhere: only its holds come here
+        self.blocks: dict[BlockId, int | None] = {}  # engine hash (and tier) -> key
+        # key -> how many more of this worker's blocks have it, beyond the first (rare: a block
+        # in two tiers). The worker's bit in the key's mask stands for the first.
+        self.extra_refs: dict[int, int] = {}
+
+
+def _note(journal: dict[int, list[list[int]]], bit: int, let_go: int, keys: Sequence[int]) -> None:
+    """Add to the worker's runs of holds taken (0) or let go of (1)."""
+    runs = journal.setdefault(bit, [])
+    if runs and (len(runs) - 1) % 2 == let_go:
+        runs[-1].extend(keys)
+    else:
+        if len(runs) % 2 != let_go:
+            runs.append([])  # the runs start with one of holds taken
+        runs.append(list(keys))
+
+
+class Holdings:
+    """Each worker's view and each key's holders, kept in step."""
+
+    def __init__(self, block_size: int, predictions: Predictions) -> None:
+        self.block_size = block_size
+        self.holders: dict[int, int] = {}  # key -> bit mask of the workers holding it
+        self.views: dict[Worker, _WorkerView] = {}
+        self.bits = _Bits()
+        self.orphans = 0  # blocks stored under a parent never seen: not matchable
+        self.mismatched = 0  # BlockStored events of another block size than the index's
+        self._predictions = predictions  # a real block replaces its prediction
+        # bit -> the worker's holds taken and let go of since last asked, in order: runs of
+        # keys, taken, let go of, taken... (a reader process sends them on: `take_changes`)
+        self.journal: dict[int, list[list[int]]] | None = None
+
+    def view(self, worker: Worker) -> _WorkerView:
+        view = self.views.get(worker)
+        if view is None:
+            view = self.views[worker] = _WorkerView(self.bits.take(worker))
+        return view
+
+    def store_run(self, view: _WorkerView, run: list[Stored]) -> None:
+        """Store consecutive BlockStored events, and empty `run`. The usual run (every block new
+        to the worker, each once) costs a few dict operations for all of its blocks together;
+        any other is stored one event at a time."""
+        if not run:
+            return
+        blocks, size = view.blocks, self.block_size
+        ids: list[BlockId] = []  # the run's blocks, in order, and their keys
+        keys: list[int | None] = []
+        mismatched = 0
+        for hashes, parent, contents, tier, lora_name, cache_salt, block_size in run:
+            mismatched += block_size != size
+            key: int | None
+            if parent is None:
+                key = root_key(lora_name, cache_salt)
+            else:
+                parent_id = parent if tier is None else (tier, parent)
+                if ids and parent_id == ids[-1]:  # the event before ends where this one starts
+                    key = keys[-1]
+                elif parent_id in blocks:  # if the run stores it again, the run goes slowly
+                    key = blocks[parent_id]
+                elif parent_id in ids:
+                    key = keys[len(ids) - 1 - ids[::-1].index(parent_id)]
+                else:
+                    key = None  # never seen: an orphan
+            if key is not None and None not in contents:
+                for content in contents:
+                    key = hash((key, content))
+                    keys.append(key)
+            else:
+                keys.extend(chain(key, contents))
+            ids.extend(hashes if tier is None else [(tier, block) for block in hashes])
+        if blocks.keys().isdisjoint(ids):
+            before = len(blocks)
+            blocks.update(zip(ids, keys, strict=True))
+            if len(blocks) == before + len(ids):
+                orphans = keys.count(None)
+                self.orphans += orphans
+                self.mismatched += mismatched
+                held = [key for key in keys if key is not None] if orphans else keys
+                self.hold(view, cast("list[int]", held))
+                run.clear()
+                return
+            for block_id in ids:  # a block twice in the run: none of them was here before
+                blocks.pop(block_id, None)
+        for event in run:
+            self.store(view, *event)
+        run.clear()
+
+    def store(
+        self,
+        view: _WorkerView,
+        hashes: Sequence[int],
+        parent: int | None,
+        contents: Sequence[int | None],
+        tier: str | None,
+        lora_name: str | None,
+        cache_salt: str | None,
+        block_size: int,
+    ) -> None:
+        if block_size != self.block_size:
+            self.mismatched += 1  # its tokens cut into other blocks than queries do
+        blocks = view.blocks
+        key: int | None
+        if parent is None:
+            key = root_key(lora_name, cache_salt)
+        else:
+            key = blocks.get(parent if tier is None else (tier, parent))
+        keys = chain(key, contents)
+        if keys[-1:] == [None]:
+            self.orphans += keys.count(None)
+        ids: Sequence[BlockId] = hashes if tier is None else [(tier, block) for block in hashes]
+        for block_id, key in zip(ids, keys, strict=True):
+            old = blocks.get(block_id, _ABSENT)
+            if old != _ABSENT:
+                if old == key:
+                    continue  # stored again: nothing changes
+                self.release(view, (old,))
+            blocks[block_id] = key
+            if key is not None:
+                self.hold(view, (key,))
+
+    def hold(self, view: _WorkerView, keys: Sequence[int]) -> None:
+        """The worker holds each key (once more, if it held it already)."""
+        holders, bit, predicted = self.holders, view.bit, self._predictions.masks
+        if predicted and not predicted.keys().isdisjoint(keys):
+            for key in keys:
+                if key in predicted:  # the prediction came true
+                    self._predictions.drop(bit, key)
+        new = dict.fromkeys(keys, bit)
+        if len(new) == len(keys) and holders.keys().isdisjoint(new):
+            holders.update(new)  # content no worker held: the usual block
+            if self.journal is not None:
+                _note(self.journal, bit, 0, keys)
+            return
+        if view.mirrored:  # its reader sends only holds taken: none is held already
+            get = holders.get
+            for key in keys:
+                holders[key] = get(key, 0) | bit
+            return
+        extra_refs = view.extra_refs
+        taken = []
+        for key in keys:
+            mask = holders.get(key, 0)
+            if mask & bit:
+                extra_refs[key] = extra_refs.get(key, 0) + 1
+            else:
+                holders[key] = mask | bit
+                taken.append(key)
+        if self.journal is not None:
+            _note(self.journal, bit, 0, taken)
+
+    def release(self, view: _WorkerView, keys: Iterable[int | None]) -> None:
+        """Let go of the worker's hold on each key (None, or _ABSENT: it held nothing)."""
+        holders, extra, keep = self.holders, view.extra_refs, ~view.bit
+        predicted = self._predictions.masks
+        let_go: list[int] = []
+        if not predicted and not extra:  # the usual case: each key held once, none predicted
+            for key in keys:
+                if key is not None and key != _ABSENT:
+                    mask = holders[key] & keep
+                    if mask:
+                        holders[key] = mask
+                    else:
+                        del holders[key]
+                    let_go.append(key)
+            if self.journal is not None:
+                _note(self.journal, view.bit, 1, let_go)
+            return
+        for key in keys:
+            if key is None or key == _ABSENT:
+                continue
+            if predicted and key in predicted:  # removed: no prediction of it holds either
+                self._predictions.drop(view.bit, key)
+            if extra and key in extra:  # another of this worker's blocks still has it
+                if extra[key] > 1:
+                    extra[key] -= 1
+                else:
+                    del extra[key]
+                continue
+            mask = holders[key] & keep
+            if mask:
+                holders[key] = mask
+            else:
+                del holders[key]
+            let_go.append(key)
+        if self.journal is not None:
+            _note(self.journal, view.bit, 1, let_go)
+
+    def take_changes(self, view: _WorkerView) -> list[list[int]]:
+        return [] if self.journal is None else self.journal.pop(view.bit, [])
+
+    def apply_changes(self, view: _WorkerView, runs: Sequence[Sequence[int]]) -> None:
+        """Take and let go of holds as `take_changes` gave them, for a worker whose blocks are
+        kept elsewhere."""
+        view.mirrored = True
+        for number, keys in enumerate(runs):
+            if number % 2:
+                self.release(view, keys)
+            else:
+                self.hold(view, keys)
+
+    def remove(self, view: _WorkerView, tier: str | None, hashes: Sequence[int]) -> None:
+        pop = view.blocks.pop
+        if tier is None:
+            self.release(view, [pop(block, _ABSENT) for block in hashes])
+        else:
+            self.release(view, [pop((tier, block), _ABSENT) for block in hashes])
+
+    def clear(self, view: _WorkerView) -> None:
+        if view.mirrored:
+            self.clear_mirrored([view])
+            return
+        self._predictions.forget(view.bit)
+        view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
+        self.release(view, set(view.blocks.values()))
+        view.blocks.clear()
+
+    def clear_mirrored(self, views: Sequence[_WorkerView]) -> None:
+        """Forget what mirrored workers hold: which keys those are is known elsewhere, so
+        every key is looked at, once for all of them."""
+        if not views:
+            return
+        either = 0
+        for view in views:
+            self._predictions.forget(view.bit)
+            either |= view.bit
+        holders, keep = self.holders, ~either
+        for key in [key for key, mask in holders.items() if mask & either]:
+            mask = holders[key] & keep
+            if mask:
+                holders[key] = mask
+            else:
+                del holders[key]
+
+    def drop(self, worker: Worker) -> int | None:
+        """Forget `worker` altogether; its bit, if it had one."""
+        view = self.views.pop(worker, None)
+        if view is None:
+            return None
+        self.clear(view)
+        if self.journal is not None:
+            self.journal.pop(view.bit, None)  # whoever asks for its changes has let it go
+        self.bits.give_back(view.bit)
+        return view.bit
