@@ -101,9 +101,10 @@ class ScriptedPublisher:
         batch = KVEventBatch(ts, list(events), self.rank)
         return encode_batch(batch, self.wire_format, strict=True, dropped=self._dropped)
 
-    async def wait_for_subscriber(self) -> None:
-        """Wait until a subscription for this topic has arrived (the slow-joiner problem)."""
-        while self._subscriptions < 1:
+    async def wait_for_subscriber(self, count: int = 1) -> None:
+        """Wait until `count` subscriptions for this topic have arrived (the slow-joiner
+        problem), each subscriber's counted."""
+        while self._subscriptions < count:
             message = await self._pub.receive()
             self._subscriptions += frames.parse_subscription(message[0], self.topic.encode())
 
@@ -214,6 +215,7 @@ async def open_scripted_publisher(
     """A `ScriptedPublisher` on loopback ports the OS picks, with a replay endpoint unless
     `replay=False`."""
     pub, endpoint = _socket(zmq.XPUB)
+    pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, counted
     router: TrioSocket | None = None
     try:
         scripted = ScriptedPublisher(pub, endpoint, topic, rank)

@@ -528,3 +528,32 @@ async def test_a_wrong_server_key_is_seen_and_logged_on_both_sides(
     subscriber_side = [r.getMessage() for r in caplog.records if "subscriber tcp" in r.getMessage()]
     assert any("handshake with" in m and "curve_server_key" in m for m in publisher_side)
     assert any("handshake with" in m and "curve_server_key" in m for m in subscriber_side)
+
+
+async def test_a_watchers_reader_process_uses_each_workers_keys(keys: dict[str, Path]) -> None:
+    """The keys cross to the reader process: alice's subscriber there is let in and bootstraps,
+    mallory's, in the same reader, is refused and indexes nothing."""
+    index = tskv.PrefixIndex(1)
+    async with tskv.open_publisher(curve_config(keys)) as publisher:
+        await publisher.publish([tskv.BlockStored([7], None, [7], 1)])
+        async with tskv.open_watcher(
+            index, processes=1, curve_server_key=str(keys["server_public"])
+        ) as watcher:
+            watcher.add(
+                "alice",
+                publisher.endpoint,
+                publisher.replay_endpoint,
+                curve_secret_key=str(keys["alice"]),
+            )
+            watcher.add(
+                "mallory",
+                publisher.endpoint,
+                publisher.replay_endpoint,
+                curve_secret_key=str(keys["mallory"]),
+            )
+            with trio.fail_after(20):
+                await watcher.wait_for_seq("alice", 0)  # from its snapshot
+            assert index.match([7]) == {"alice": 1}
+            assert watcher.status("mallory").last_seq is None
+            assert [reader.workers for reader in watcher.readers] == [2]
+        assert publisher.statistics().clients_refused >= 1

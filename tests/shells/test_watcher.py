@@ -3,7 +3,12 @@ which workers it cannot vouch for."""
 
 from __future__ import annotations
 
+import os
+import signal
+
+import pytest
 import trio
+import zmq
 
 import tskv
 from tests.zmq_helpers import LOOPBACK
@@ -11,10 +16,18 @@ from tskv import AllBlocksCleared, BlockStored, LossReason
 from tskv.sim import Simulator, Workload, run_round
 from tskv.testing import ScriptedPublisher
 
+
+@pytest.fixture(params=[0, 2], ids=["here", "in-readers"])
+def processes(request: pytest.FixtureRequest) -> int:
+    """Every test runs with the workers followed in this process and in reader processes."""
+    value: int = request.param
+    return value
+
+
 CONFIG = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=20)
 
 
-async def test_the_index_equals_every_workers_cache_joined_early_or_late() -> None:
+async def test_the_index_equals_every_workers_cache_joined_early_or_late(processes: int) -> None:
     index = tskv.PrefixIndex(16)
     async with tskv.open_publisher(CONFIG, 0) as a, tskv.open_publisher(CONFIG, 1) as b:
         workers = {("a", 0): a, ("b", 1): b}
@@ -29,7 +42,7 @@ async def test_the_index_equals_every_workers_cache_joined_early_or_late() -> No
                         await publisher.publish(events)
 
         await rounds(100)  # far past the 20-batch buffer before anyone watches
-        async with tskv.open_watcher(index) as watcher:
+        async with tskv.open_watcher(index, processes=processes) as watcher:
             for name, publisher in workers.items():
                 watcher.add(name, publisher.endpoint, publisher.replay_endpoint)
             assert index.stale == set(workers)  # nothing known yet
@@ -39,7 +52,7 @@ async def test_the_index_equals_every_workers_cache_joined_early_or_late() -> No
                     await publisher.wait_for_subscriber()
                     await watcher.wait_for_seq(name, publisher.statistics().accepted - 1)
             for name, (sim, _) in sims.items():
-                held, cached = index.engine_hashes(name), sim.cached_hashes()
+                held, cached = await watcher.engine_hashes(name), sim.cached_hashes()
                 assert held == cached, (
                     name,
                     len(held - cached),
@@ -52,11 +65,12 @@ async def test_the_index_equals_every_workers_cache_joined_early_or_late() -> No
 
 
 async def test_a_loss_marks_the_worker_stale_until_its_view_is_whole_again(
+    processes: int,
     tskv_scripted: ScriptedPublisher,
 ) -> None:
     tskv_scripted.snapshots = False  # a publisher that cannot restore a lost view
     index = tskv.PrefixIndex(2)
-    async with tskv.open_watcher(index) as watcher:
+    async with tskv.open_watcher(index, processes=processes) as watcher:
         watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
         with trio.fail_after(10):
             await tskv_scripted.wait_for_subscriber()
@@ -77,17 +91,18 @@ async def test_a_loss_marks_the_worker_stale_until_its_view_is_whole_again(
         tskv_scripted.send([AllBlocksCleared(), BlockStored([4], None, [4, 4], 2)])
         with trio.fail_after(10):
             await watcher.wait_for_seq("w", 6)
-        assert index.engine_hashes("w") == {4}
+        assert await watcher.engine_hashes("w") == {4}
         assert index.match([4, 4]) == {"w": 1} and not index.stale  # whole again
 
 
 async def test_a_hole_is_repaired_from_a_snapshot_and_the_worker_is_whole_again(
+    processes: int,
     tskv_scripted: ScriptedPublisher,
 ) -> None:
     index = tskv.PrefixIndex(2)
     losses: list[tuple[object, tskv.Loss]] = []
     async with tskv.open_watcher(
-        index, on_loss=lambda w, loss: losses.append((w, loss))
+        index, processes=processes, on_loss=lambda w, loss: losses.append((w, loss))
     ) as watcher:
         watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
         with trio.fail_after(10):
@@ -103,15 +118,21 @@ async def test_a_hole_is_repaired_from_a_snapshot_and_the_worker_is_whole_again(
     assert index.match([1, 1, 4, 4]) == {"w": 2} and not index.stale
 
 
-async def test_one_workers_failure_does_not_stop_the_others(tmp_path: object) -> None:
+async def test_one_workers_failure_does_not_stop_the_others(
+    processes: int, tmp_path: object
+) -> None:
     index = tskv.PrefixIndex(2)
-    async with tskv.open_publisher(CONFIG) as good, tskv.open_watcher(index) as watcher:
+    async with (
+        tskv.open_publisher(CONFIG) as good,
+        tskv.open_watcher(index, processes=processes) as watcher,
+    ):
         watcher.add("broken", good.endpoint, curve_server_key="/nonexistent/server.key")
         watcher.add("good", good.endpoint, good.replay_endpoint)
         with trio.fail_after(10):
             await good.wait_for_subscriber()
             await good.publish([BlockStored([1], None, [1, 1], 2)])
             await watcher.wait_for_seq("good", 0)
+            await watcher.wait_for_failure("broken")
         assert index.match([1, 1]) == {"good": 1}
         assert watcher.status("broken").failures >= 1
         assert "nonexistent" in (watcher.status("broken").last_error or "")
@@ -121,20 +142,22 @@ async def test_one_workers_failure_does_not_stop_the_others(tmp_path: object) ->
 
 
 async def test_a_worker_whose_publisher_goes_silent_is_stale_until_it_answers(
+    processes: int,
     tskv_scripted: ScriptedPublisher,
 ) -> None:
     """The publisher stops answering (replay silent, as a process that is gone): the worker
     is marked stale and best() passes it over; when it answers again with nothing lost, it is
     trusted again."""
     index = tskv.PrefixIndex(2)
-    async with tskv.open_watcher(index, quiet_interval=0.2) as watcher:
+    async with tskv.open_watcher(index, processes=processes, quiet_interval=0.2) as watcher:
         watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
         watcher.add("other", tskv_scripted.endpoint)  # the same stream, never probed
         with trio.fail_after(10):
-            await tskv_scripted.wait_for_subscriber()
+            await tskv_scripted.wait_for_subscriber(count=2)  # from seq 0, both
         tskv_scripted.send([AllBlocksCleared(), BlockStored([1], None, [1, 1], 2)])
         with trio.fail_after(10):
             await watcher.wait_for_seq("w", 0)
+            await watcher.wait_for_seq("other", 0)
         assert not index.match([1, 1]).stale
         tskv_scripted.replay_mode = "never"
         with trio.fail_after(10):
@@ -148,13 +171,18 @@ async def test_a_worker_whose_publisher_goes_silent_is_stale_until_it_answers(
         assert not index.match([1, 1]).stale
 
 
-async def test_a_worker_that_has_published_nothing_yet_is_current_once_its_snapshot_is_in() -> None:
+async def test_a_worker_that_has_published_nothing_yet_is_current_once_its_snapshot_is_in(
+    processes: int,
+) -> None:
     """A fresh worker's cache is empty and known to be: a router that passes over stale
     workers must not pass over every idle one (it once sent a whole trace to the first worker
     that published)."""
     config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
     index = tskv.PrefixIndex(block_size=4)
-    async with tskv.open_publisher(config) as idle, tskv.open_watcher(index) as watcher:
+    async with (
+        tskv.open_publisher(config) as idle,
+        tskv.open_watcher(index, processes=processes) as watcher,
+    ):
         watcher.add("idle", idle.endpoint, idle.replay_endpoint)
         assert "idle" in index.stale
         with trio.fail_after(10):
@@ -164,3 +192,47 @@ async def test_a_worker_that_has_published_nothing_yet_is_current_once_its_snaps
         with trio.fail_after(10):
             await watcher.wait_for_seq("idle", 0)
         assert index.match([1, 2, 3, 4]) == {"idle": 1} and watcher.status("idle").losses == 0
+
+
+async def test_a_reader_process_that_dies_is_started_again_and_its_workers_bootstrap() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    index = tskv.PrefixIndex(block_size=2)
+    async with (
+        tskv.open_publisher(config) as publisher,
+        tskv.open_watcher(index, processes=1) as watcher,
+    ):
+        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+        await publisher.publish([BlockStored([1], None, [1, 1], 2)])
+        with trio.fail_after(20):
+            await watcher.wait_for_seq("w", 0)
+        (reader,) = watcher.readers
+        assert reader.pid is not None and reader.cpu_seconds > 0
+        os.kill(reader.pid, signal.SIGKILL)
+        with trio.fail_after(20):
+            await watcher.wait_for_failure("w")  # its reader went: stale, its holds forgotten
+        assert index.stale == {"w"} and index.match([1, 1]) == {}
+        await publisher.publish([BlockStored([2], 1, [2, 2], 2)])
+        with trio.fail_after(30):
+            await watcher.wait_for_seq("w", 1)  # from the new reader's snapshot
+        assert index.match([1, 1, 2, 2]) == {"w": 2} and not index.stale
+        assert await watcher.engine_hashes("w") == {1, 2}
+        (reader,) = watcher.readers
+        assert reader.restarts == 1 and watcher.status("w").batches >= 2
+
+
+async def test_what_a_reader_process_cannot_do_is_refused_naming_the_fix() -> None:
+    index = tskv.PrefixIndex()
+    with pytest.raises(TypeError, match="context cannot be shared with reader processes"):
+        async with tskv.open_watcher(index, processes=1, context=zmq.Context.instance()):
+            pass  # pragma: no cover
+    with pytest.raises(tskv.ConfigError, match="processes = -1"):
+        async with tskv.open_watcher(index, processes=-1):
+            pass  # pragma: no cover
+    async with tskv.open_watcher(index, processes=1) as watcher:
+        with pytest.raises(ValueError, match=r"use ipc:// or tcp://127\.0\.0\.1"):
+            watcher.add("w", "inproc://here")
+        assert watcher.workers == []
+    with pytest.raises(LookupError, match=r"await watcher\.engine_hashes"):
+        mirror = tskv.PrefixIndex()
+        mirror.apply_changes("w", [[1]])
+        mirror.engine_hashes("w")

@@ -13,6 +13,7 @@ backoff; it never stops the other workers. Workers come and go while it runs.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, final
@@ -21,7 +22,8 @@ import attrs
 import trio
 import zmq
 
-from tskv.core.config import SubscriberConfig
+from tskv.core._checks import int_at_least
+from tskv.core.config import ConfigError, SubscriberConfig
 from tskv.core.endpoints import check_endpoint
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss
@@ -29,11 +31,10 @@ from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.worker_view import ViewChange, WorkerView
 from tskv.shells._background import background_tasks
 from tskv.shells._constructor import NoPublicConstructor
-from tskv.shells.subscriber import subscribe
+from tskv.shells._following import Record, follow
+from tskv.shells._reader_process import Reader, ReaderStatus, Report
 
 logger = logging.getLogger(__name__)
-
-RETRY_BACKOFF = (0.5, 10.0)  # first and longest wait before a failed worker is tried again
 
 
 @attrs.frozen
@@ -59,7 +60,10 @@ class _Watched:
     replay_endpoint: str | None
     scope: trio.CancelScope
     config: SubscriberConfig
+    slot: int
     view: WorkerView = attrs.Factory(WorkerView)
+    changed: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+    counted: tuple[int, int, int] = (0, 0, 0)  # batches, losses, failures of readers gone
     batches: int = 0
     losses: int = 0
     failures: int = 0
@@ -99,7 +103,9 @@ class Watcher(metaclass=NoPublicConstructor):
         self.config = config  # every worker's subscriber settings, less what `add` changes
         self._context = context
         self._watched: dict[Worker, _Watched] = {}
-        self._changed = trio.lowlevel.ParkingLot()
+        self._readers: list[Reader] = []  # none: each worker is followed by a task here
+        self._slots = 0  # how a reader process names a worker: its `add`'s number
+        self.record: Record = self  # who is told each worker's news (a reader's outbox)
 
     def add(
         self,
@@ -117,16 +123,31 @@ class Watcher(metaclass=NoPublicConstructor):
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
         config = _worker_config(_changed(self.config, subscriber_settings), replay_endpoint)
-        watched = _Watched(endpoint, replay_endpoint, trio.CancelScope(), config)
+        if self._readers and endpoint.startswith("inproc://"):
+            raise ValueError(
+                f"endpoint {endpoint!r} is in this process, where a reader process cannot reach "
+                "it: use ipc:// or tcp://127.0.0.1 endpoints, or open the watcher with processes=0"
+            )
+        self._slots += 1
+        watched = _Watched(endpoint, replay_endpoint, trio.CancelScope(), config, self._slots)
         self._watched[worker] = watched
         self.index.mark_stale(worker)
-        self._nursery.start_soon(self._follow, worker, watched)
+        if self._readers:
+            self.index.apply_changes(worker, [])  # its blocks are kept by a reader
+            reader = min(self._readers, key=lambda reader: len(reader.wanted))
+            settings = attrs.asdict(config)
+            del settings["start_seq"]  # the reader's watcher sets it as this one does
+            reader.add(watched.slot, worker, endpoint, replay_endpoint, settings)
+        else:
+            self._nursery.start_soon(self._follow_here, worker, watched)
 
     def remove(self, worker: Worker) -> None:
         """Stop following `worker` and drop it from the index."""
         watched = self._watched.pop(worker, None)
         if watched is not None:
             watched.scope.cancel()
+            for reader in self._readers:
+                reader.remove(watched.slot)
         self.index.remove_worker(worker)
 
     def status(self, worker: Worker) -> WorkerStatus:
@@ -145,85 +166,150 @@ class Watcher(metaclass=NoPublicConstructor):
     def workers(self) -> list[Worker]:
         return list(self._watched)
 
+    @property
+    def readers(self) -> tuple[ReaderStatus, ...]:
+        """The reader processes (`open_watcher(processes=N)`): none when the workers are
+        followed in this process."""
+        return tuple(reader.status() for reader in self._readers)
+
     async def wait_for_seq(self, worker: Worker, seq: int) -> None:
         """Wait until `worker`'s batch `seq` (or a later one) has been applied to the index."""
-        while True:
-            last = self._watched[worker].last_seq
-            if last is not None and last >= seq:
-                return
-            await self._changed.park()
+        await self._wait(worker, lambda w: w.last_seq is not None and w.last_seq >= seq)
 
     async def wait_for_loss(self, worker: Worker, count: int = 1) -> None:
         """Wait until `count` losses of `worker` have been reported."""
-        while self._watched[worker].losses < count:
-            await self._changed.park()
+        await self._wait(worker, lambda w: w.losses >= count)
 
     async def wait_for_silence(self, worker: Worker, silent: bool = True) -> None:
         """Wait until `worker`'s publisher is silent (or, with `silent=False`, answers)."""
-        while self._watched[worker].silent != silent:
-            await self._changed.park()
+        await self._wait(worker, lambda w: w.silent == silent)
 
-    @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
-    async def _follow(self, worker: Worker, watched: _Watched) -> None:
-        backoff, longest = RETRY_BACKOFF
+    async def wait_for_failure(self, worker: Worker, count: int = 1) -> None:
+        """Wait until `worker`'s subscriber has failed `count` times (its `last_error` says
+        why)."""
+        await self._wait(worker, lambda w: w.failures >= count)
+
+    async def _wait(self, worker: Worker, done: Callable[[_Watched], bool]) -> None:
+        watched = self._watched[worker]  # a KeyError names a worker never added
+        while not done(watched):
+            await watched.changed.park()  # woken by this worker's news only
+
+    async def _follow_here(self, worker: Worker, watched: _Watched) -> None:
         with watched.scope:
-            while True:
-                try:
-                    await self._subscribe(worker, watched)
-                except Exception as exc:  # one worker's failure is its own
-                    watched.failures += 1
-                    watched.last_error = f"{type(exc).__name__}: {exc}"
-                    logger.warning(
-                        "watching %r on %s failed (%s); trying again in %.1f s",
-                        worker,
-                        watched.endpoint,
-                        watched.last_error,
-                        backoff,
-                    )
-                if worker not in self._watched:
-                    return
-                self._change(worker, watched.view.resubscribed())
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, longest)
+            endpoints = (watched.endpoint, watched.replay_endpoint)
+            await follow(self.record, worker, *endpoints, watched.config, self._context)
 
-    async def _subscribe(self, worker: Worker, watched: _Watched) -> None:
+    # -- what the workers' followers report (`_following.Record`), here or from a reader ----
 
-        def on_loss(loss: Loss) -> None:
-            watched.losses += 1
-            self._changed.unpark_all()
-            if worker not in self._watched:
-                return
-            if self._on_loss is not None:
-                self._on_loss(worker, loss)
-            self._change(worker, watched.view.lost(loss))
+    def watching(self, worker: Worker) -> bool:
+        return worker in self._watched
 
-        def on_silence(silent: bool) -> None:
-            watched.silent = silent
-            self._changed.unpark_all()
-            if worker not in self._watched:
-                return
-            self._change(worker, watched.view.silence(silent, worker in self.index.stale))
+    async def room(self) -> None:
+        pass  # the index is applied to at once
 
-        async with subscribe(
-            watched.endpoint,
-            watched.replay_endpoint,
-            watched.config,
-            on_loss=on_loss,
-            on_silence=on_silence,
-            context=self._context,
-        ) as sub:
-            async for seq, batch in sub:
-                self._apply(worker, watched, seq, batch)
+    def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None:
+        if worker in self._watched:  # else removed while this batch was on its way
+            self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
+            self._delivered(worker, seq)
 
-    def _apply(self, worker: Worker, watched: _Watched, seq: int, batch: KVEventBatch) -> None:
-        if worker not in self._watched:
-            return  # removed while this batch was on its way
-        self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
+    def _delivered(self, worker: Worker, seq: int) -> None:
+        watched = self._watched[worker]
         if watched.view.from_start:
             self._change(worker, watched.view.delivered(seq))
         watched.batches += 1
         watched.last_seq = seq
-        self._changed.unpark_all()
+        watched.changed.unpark_all()
+
+    def lost(self, worker: Worker, loss: Loss) -> None:
+        watched = self._watched.get(worker)
+        if watched is None:
+            return
+        watched.losses += 1
+        watched.changed.unpark_all()
+        if self._on_loss is not None:
+            self._on_loss(worker, loss)
+        self._change(worker, watched.view.lost(loss))
+
+    def silence(self, worker: Worker, silent: bool) -> None:
+        watched = self._watched.get(worker)
+        if watched is None:
+            return
+        watched.silent = silent
+        watched.changed.unpark_all()
+        self._change(worker, watched.view.silence(silent, worker in self.index.stale))
+
+    def failed(self, worker: Worker, error: str, retry_in: float, log: bool = True) -> None:
+        watched = self._watched.get(worker)
+        if watched is None:
+            return
+        watched.failures += 1
+        watched.last_error = error
+        watched.changed.unpark_all()
+        if log:
+            self._log_failure(worker, watched, error, retry_in)
+
+    def _log_failure(self, worker: Worker, watched: _Watched, error: str, retry: float) -> None:
+        logger.warning(
+            "watching %r on %s failed (%s); trying again in %.1f s",
+            worker,
+            watched.endpoint,
+            error,
+            retry,
+        )
+
+    def resubscribed(self, worker: Worker) -> None:
+        watched = self._watched.get(worker)
+        if watched is not None:
+            self._change(worker, watched.view.resubscribed())
+
+    def watched(self, worker: Worker) -> _Watched | None:
+        return self._watched.get(worker)
+
+    # -- what reader processes report: a worker's state, decided there ----------------------
+
+    def mirrored(self, worker: Worker, report: Report) -> None:
+        watched = self._watched.get(worker)
+        if watched is None:
+            return
+        self.index.apply_changes(worker, report.changes, strings=report.strings)
+        if report.stale:
+            self.index.mark_stale(worker)
+        else:
+            self.index.mark_current(worker)
+        batches, losses, failures = watched.counted
+        watched.batches = batches + report.batches
+        watched.losses = losses + report.losses
+        watched.failures = failures + report.failures
+        watched.last_error = report.last_error or watched.last_error
+        watched.last_seq, watched.silent = report.last_seq, report.silent
+        watched.changed.unpark_all()
+        if report.loss is not None and self._on_loss is not None:
+            self._on_loss(worker, report.loss)
+        if report.failure is not None:
+            self._log_failure(worker, watched, *report.failure)
+
+    def reader_lost(self, workers: list[Worker]) -> None:
+        """Their reader process ended: what the index holds of them is forgotten, and they are
+        stale until the next one's snapshots are in."""
+        self.index.clear_workers(workers)
+        for worker in workers:
+            watched = self._watched.get(worker)
+            if watched is None:
+                continue
+            self.index.mark_stale(worker)
+            watched.failures += 1
+            watched.last_error = "its reader process ended"
+            watched.counted = (watched.batches, watched.losses, watched.failures)
+            watched.changed.unpark_all()
+
+    async def engine_hashes(self, worker: Worker) -> set[int]:
+        """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
+        reader process, which keeps them, when there is one)."""
+        watched = self._watched[worker]  # a KeyError names a worker never added
+        for reader in self._readers:
+            if watched.slot in reader.wanted:
+                return await reader.engine_hashes(watched.slot)
+        return self.index.engine_hashes(worker)
 
 
 WATCHER_SETS = frozenset({"start_seq", "on_loss", "on_silence"})
@@ -249,6 +335,7 @@ async def open_watcher(
     *,
     on_loss: Callable[[Worker, Loss], object] | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    processes: int = 0,
     **subscriber_settings: Any,
 ) -> AsyncIterator[Watcher]:
     """Keep `index` current from the workers added to the yielded `Watcher`, until the block
@@ -258,7 +345,13 @@ async def open_watcher(
       index: the `PrefixIndex` to keep current; each worker's view is marked stale while it
         cannot be vouched for.
       on_loss: called as `on_loss(worker, loss)` for every loss report.
-      context: the ZeroMQ context every worker's subscriber uses.
+      context: the ZeroMQ context every worker's subscriber uses (none with `processes`).
+      processes: follow the workers in this many reader processes, which receive, sequence,
+        decode and hash every batch and send the index's process only what it applies; 0 (the
+        default) follows them in this process. One reader process keeps about as many
+        workers as one watcher process does (docs/routing.md says how many), and the index's
+        own process then keeps several times more. POSIX only; workers must publish on ipc://
+        or tcp://, not inproc://.
       **subscriber_settings: `SubscriberConfig` settings for every worker's subscriber (e.g.
         `replay_timeout`, `quiet_interval`, the CURVE keys); `Watcher.add` may change them for
         one worker. The watcher starts each worker from its snapshot itself (`start_seq`) and
@@ -266,9 +359,22 @@ async def open_watcher(
 
     Raises:
       TypeError: a setting that is not a subscriber setting (the closest one is named), or one
-        the watcher sets itself.
+        the watcher sets itself; a `context` given with `processes`.
       ConfigError: a setting out of range (a ValueError).
     """
     config = _changed(SubscriberConfig(), subscriber_settings)
+    int_at_least("processes", processes, 0, ConfigError)
+    if processes and context is not None:
+        raise TypeError(
+            "context cannot be shared with reader processes (each makes its own); "
+            "pass processes=0 to use this context"
+        )
+    if processes and sys.platform == "win32":
+        raise ValueError(f"processes = {processes}: reader processes need POSIX; use 0 on Windows")
     async with background_tasks() as nursery:
-        yield Watcher._create(index, nursery, on_loss, config, context)
+        watcher = Watcher._create(index, nursery, on_loss, config, context)
+        for _ in range(processes):
+            reader = Reader(watcher, index.block_size)
+            await nursery.start(reader.run)
+            watcher._readers.append(reader)
+        yield watcher
