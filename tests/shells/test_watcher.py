@@ -236,3 +236,18 @@ async def test_what_a_reader_process_cannot_do_is_refused_naming_the_fix() -> No
         mirror = tskv.PrefixIndex()
         mirror.apply_changes("w", [[1]])
         mirror.engine_hashes("w")
+
+
+async def test_a_wait_for_a_worker_removed_meanwhile_raises_instead_of_hanging() -> None:
+    index = tskv.PrefixIndex()
+    async with tskv.open_watcher(index) as watcher:
+        watcher.add("w", "tcp://127.0.0.1:9")  # nothing publishes there
+
+        async def remove_soon() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            watcher.remove("w")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(remove_soon)
+            with pytest.raises(KeyError, match="was removed while waited for"):
+                await watcher.wait_for_seq("w", 0)

@@ -46,6 +46,7 @@ SECTIONS = [
     "memory",
     "snapshots",
     "index",
+    "fleet",
     "routing",
 ]
 
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         from tskv._bench.index import index_section
 
         index_section(out)
+    if "fleet" in sections:
+        from tskv._bench.index import fleet_section
+
+        fleet_section(out)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")
     return 0
 

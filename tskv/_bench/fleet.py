@@ -1,54 +1,61 @@
-"""How many workers one router keeps current: publisher processes with many workers each
-publishing small rounds, and routers (each a watcher over every worker) in processes of their
-own, every worker's last seq and losses compared at the end."""
+"""How many workers one router keeps current: publisher processes with many workers, each
+publishing small rounds, and routers (each a watcher over every worker, its workers followed in
+the router's process or in reader processes) in processes of their own. Every worker's last seq
+and losses are compared at the end; with a prefilled cache, every worker's blocks too."""
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import ExitStack
 from multiprocessing.connection import Connection
 from typing import Any
 
 import trio
-import trio.testing
 
-from tskv._bench.processes import child
-from tskv._bench.rounds import BLOCK, churn_maker
+from tskv._bench.processes import child, percentile
+from tskv._bench.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
 from tskv.core.prefix_index import PrefixIndex
-from tskv.shells.publisher import open_publisher
-from tskv.shells.watcher import open_watcher
+from tskv.shells.publisher import Publisher, open_publisher
+from tskv.shells.watcher import Watcher, open_watcher
 
-WORKERS = 64
+PROMPT = 2_000  # tokens of the prompt matched while the index applies the stream
 
 
-def _publish_workers(workers: int, seconds: float, conn: Connection) -> None:
-    """`workers` publishers in this process, each a small round (10 events of 4 blocks, the
-    oldest removed once 4,000 are cached) 200 times a second."""
+def _publish_workers(
+    workers: int, seconds: float, rate: int, cached: int, conn: Connection
+) -> None:
+    """`workers` publishers in this process, each caching `cached` blocks first (as fast as it
+    can), then a small round (10 events of 4 blocks, as many of the oldest removed) `rate`
+    times a second for `seconds`; reports what each published and its CPU per batch."""
 
     async def main() -> None:
         config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
         async with trio.open_nursery() as nursery:
-            publishers = []
+            publishers: list[Publisher] = []
             for rank in range(workers):
                 publishers.append(await nursery.start(_one_worker, config, rank))
-            conn.send([(p.endpoint, p.replay_endpoint) for p in publishers])
-            conn.recv()  # the routers are subscribed
-            makers = [churn_maker("small") for _ in publishers]
-            next_round = trio.current_time()
-            late = 0
-            for _ in range(int(seconds * 200)):
+            makers = [churn_maker("small", cached, rank) for rank in range(workers)]
+            for _ in range(-(-cached // blocks_per_round("small"))):
                 for publisher, make in zip(publishers, makers, strict=True):
                     await publisher.publish(make())
-                next_round += 1 / 200
-                if trio.current_time() > next_round:
-                    late += 1
+            conn.send([(p.endpoint, p.replay_endpoint) for p in publishers])
+            await trio.to_thread.run_sync(conn.recv)  # the routers are ready
+            next_round, late = trio.current_time(), 0
+            cpu = time.process_time()
+            for _ in range(int(seconds * rate)):
+                for publisher, make in zip(publishers, makers, strict=True):
+                    await publisher.publish(make())
+                next_round += 1 / rate
+                late += trio.current_time() > next_round
                 await trio.sleep_until(next_round)
-            conn.send(([p.statistics().accepted for p in publishers], late))
+            cpu = (time.process_time() - cpu) / (int(seconds * rate) * workers)
             for publisher, make in zip(publishers, makers, strict=True):
                 await publisher.publish(make())  # so a gap at the very end is noticed
-            conn.recv()
+            conn.send(([p.accepted for p in publishers], late, cpu))
+            await trio.to_thread.run_sync(conn.recv)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -60,56 +67,158 @@ async def _one_worker(config: KVEventsConfig, rank: int, task_status: Any) -> No
         await trio.sleep_forever()
 
 
-def _router(endpoints: list[tuple[str, str]], conn: Connection) -> None:
-    """One router: a watcher over every worker; reports each worker's last seq and losses."""
+def _cached_hashes(published: int, cached: int) -> set[int]:
+    """The engine hashes a worker caches after `published` churning rounds."""
+    per_round = blocks_per_round("small")
+    window = -(-cached // per_round) * per_round
+    last = published * per_round
+    return {block * SCRAMBLE & HASH_MASK for block in range(max(last - window, 0), last)}
+
+
+def _resident(pid: int | None = None) -> int:
+    with open(f"/proc/{pid or 'self'}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _router(
+    endpoints: list[tuple[str, str]], processes: int, cached: int, conn: Connection
+) -> None:
+    """One router: a watcher over every worker. With a prefilled cache it measures the
+    bootstrap, then queries while the stream is applied; it reports each worker's last seq and
+    losses, and CPU per batch of its own process and with its readers'."""
 
     async def main() -> None:
         index = PrefixIndex(BLOCK)
-        async with open_watcher(index) as watcher:
+        memory = _resident()
+        opened = trio.current_time()
+        # A publisher serving a 50,000-block snapshot while 63 others in its process do too
+        # takes longer than the default 5 s to send its next part; it is busy, not gone.
+        timeout = 60.0 if cached else 5.0
+        async with open_watcher(index, processes=processes, replay_timeout=timeout) as watcher:
+            readers_memory = [_resident(reader.pid) for reader in watcher.readers]
+            starting = trio.current_time() - opened  # the reader processes
+            conn.send("ready")
+            await trio.to_thread.run_sync(conn.recv)  # the publishers begin their rounds
+            began = trio.current_time()
             for rank, (endpoint, replay) in enumerate(endpoints):
                 watcher.add(rank, endpoint, replay)
-            conn.send("ready")
-            cpu = time.process_time()
-            wanted = await trio.to_thread.run_sync(conn.recv)
-            with trio.move_on_after(20):
-                for rank, last in enumerate(wanted):
-                    await watcher.wait_for_seq(rank, last - 1)
-            cpu = time.process_time() - cpu
+            for rank in range(len(endpoints)):
+                await watcher.wait_for_seq(rank, -1)  # its snapshot is in: current from here
+            bootstrap = starting + trio.current_time() - began
+            result: dict[str, Any] = {"bootstrap_s": bootstrap if cached else None}
+            result["stale_after_bootstrap"] = len(index.stale)
+            result["indexed_after_bootstrap"] = len(index) / max(len(endpoints) * cached, 1)
+            if cached:
+                result["index_bytes"] = (_resident() - memory) / len(index)
+                now = [_resident(reader.pid) for reader in watcher.readers]
+                grown = sum(now) - sum(readers_memory)
+                result["reader_bytes"] = grown / len(index) if watcher.readers else None
+            cpu, readers_cpu, before = _cpu(watcher, len(endpoints))
+            async with trio.open_nursery() as nursery:
+                latencies: dict[int, tuple[list[float], list[float]]] = {40: ([], []), 4: ([], [])}
+                if cached:
+                    nursery.start_soon(_ask, index, watcher, latencies)
+                wanted = await trio.to_thread.run_sync(conn.recv)
+                with trio.move_on_after(30):
+                    for rank, last in enumerate(wanted):
+                        await watcher.wait_for_seq(rank, last - 1)
+                nursery.cancel_scope.cancel()
+            cpu_after, readers_after, after = _cpu(watcher, len(endpoints))
+            applied = max(after - before, 1)
+            result["cpu_us"] = (cpu_after - cpu) / applied * 1e6
+            result["total_cpu_us"] = (cpu_after - cpu + readers_after - readers_cpu) / applied * 1e6
+            if cached:
+                for blocks, (wall, cpu_times) in latencies.items():
+                    result[f"match_{blocks}"] = [
+                        percentile(times, share)
+                        for times in (wall, cpu_times)
+                        for share in (0.5, 0.99)
+                    ]
+                result["indexed_at_end"] = len(index) / (len(endpoints) * cached)
+                result["wrong_views"] = await _wrong_views(watcher, wanted, cached)
             statuses = [watcher.status(rank) for rank in range(len(endpoints))]
-            applied = sum(status.batches for status in statuses)
-            conn.send(([(s.last_seq, s.losses) for s in statuses], cpu / max(applied, 1)))
+            result["report"] = [(s.last_seq, s.losses) for s in statuses]
+            conn.send(result)
 
     trio.run(main)
 
 
-def watch_scale(workers: int, routers: int, seconds: float = 5.0) -> dict[str, Any]:
-    with child(_publish_workers, workers, seconds) as publishers:
+async def _wrong_views(watcher: Watcher, published: list[int], cached: int) -> int:
+    """Workers whose blocks, as the watcher holds them, are not what their publisher caches."""
+    wrong = 0
+    for rank, last in enumerate(published):
+        wrong += await watcher.engine_hashes(rank) != _cached_hashes(last, cached)
+    return wrong
+
+
+def _cpu(watcher: Watcher, workers: int) -> tuple[float, float, int]:
+    """This process's CPU seconds, its readers' (as they last reported), batches applied."""
+    readers = sum(reader.cpu_seconds for reader in watcher.readers)
+    return time.process_time(), readers, sum(watcher.status(w).batches for w in range(workers))
+
+
+async def _ask(
+    index: PrefixIndex, watcher: Watcher, latencies: dict[int, tuple[list[float], list[float]]]
+) -> None:
+    """Match a 2,000-token prompt every millisecond, by turns one whose first 40 blocks a worker
+    holds (a recent round's chain of worker 0: its 10 events share their 64 token ids) and one
+    whose first 4 are held, then tokens no one holds. Wall time, and this thread's CPU time
+    (the match's own cost, without the moments the OS ran another process instead)."""
+    while True:
+        for cached in latencies:
+            recent = max((watcher.status(0).last_seq or 0) - 10, 0) * blocks_per_round("small")
+            chain = (list(range(1000 + recent, 1000 + recent + 64)) * 10)[: cached * BLOCK]
+            prompt = chain + list(range(900_000_000, 900_000_000 + PROMPT - len(chain)))
+            began, cpu = time.perf_counter(), time.thread_time()
+            index.match(prompt)
+            latencies[cached][0].append((time.perf_counter() - began) * 1e6)
+            latencies[cached][1].append((time.thread_time() - cpu) * 1e6)
+            await trio.sleep(0.001)
+
+
+def watch_scale(
+    workers: int,
+    routers: int = 1,
+    processes: int = 0,
+    rate: int = 50,
+    seconds: float = 5.0,
+    cached: int = 0,
+) -> dict[str, Any]:
+    """One run: the publishers, `routers` routers, and what each measured."""
+    with child(_publish_workers, workers, seconds, rate, cached) as publishers:
         endpoints = publishers.recv()
         with ExitStack() as stack:
-            conns = [stack.enter_context(child(_router, endpoints)) for _ in range(routers)]
+            conns = [
+                stack.enter_context(child(_router, endpoints, processes, cached))
+                for _ in range(routers)
+            ]
             for conn in conns:
                 assert conn.recv() == "ready"
-            time.sleep(1.0)  # the watchers' snapshot bootstraps and subscriptions settle
             publishers.send("go")
-            accepted, late = publishers.recv()
+            for conn in conns:
+                conn.send("go")
+            accepted, late, publisher_cpu = publishers.recv()
             for conn in conns:
                 conn.send(accepted)
             answers = [conn.recv() for conn in conns]
         publishers.send("done")
-    reports = [report for report, _ in answers]
-    cpu_per_batch = max(cpu for _, cpu in answers)
+
+    def worst(name: str) -> Any:
+        return max(answer[name] for answer in answers)
+
     behind = sum(
         1
-        for report in reports
-        for (last, _), want in zip(report, accepted, strict=True)
+        for answer in answers
+        for (last, _), want in zip(answer["report"], accepted, strict=True)
         if last is None or last < want - 1
     )
-    # The bootstrap's snapshot of an empty stream reports nothing; any loss is a real one.
-    losses = sum(lost for report in reports for _, lost in report)
     return {
+        **answers[0],
+        "cpu_us": worst("cpu_us"),
+        "total_cpu_us": worst("total_cpu_us"),
         "behind": behind,
-        "losses": losses,
+        "losses": sum(lost for answer in answers for _, lost in answer["report"]),
         "late_rounds": late,
-        "rounds": int(seconds * 200),
-        "cpu_us": cpu_per_batch * 1e6,
+        "rounds": int(seconds * rate),
+        "publisher_cpu_us": publisher_cpu * 1e6,
     }

@@ -1,4 +1,5 @@
-"""TODO"""
+"""The prefix index beside Dynamo's RadixTree as a Python caller sees them, and one router
+keeping it current over a fleet of publishers (`fleet`)."""
 
 from __future__ import annotations
 
@@ -187,17 +188,58 @@ def index_section(out: Callable[[str], None]) -> None:
         )
     per_block = in_fresh_process(_index_memory, 100_000)
     out(f"\nIndex memory (tracemalloc, 100,000 blocks, 64 workers): {per_block:,.0f} B per block")
-    out("\n## One watcher process keeping the index current (small rounds, 200/s per worker)\n")
+
+
+def fleet_section(out: Callable[[str], None]) -> None:
+    """One router over a fleet, in the process that owns the index and in reader processes."""
+    out("\n## One router keeping the index current (small rounds: 10 events of 4 blocks)\n")
     out(
-        "| workers | routers | workers behind at the end | losses | publisher rounds late | "
-        "router CPU per batch | workers one core keeps at 200 rounds/s |"
+        "| workers | followed in | rounds/s each | index process CPU per batch | "
+        "with its readers | workers one index core keeps at 200 rounds/s | behind | losses | "
+        "publisher rounds late |"
     )
-    out("|---|---|---|---|---|---|---|")
-    for workers, routers in ((16, 1), (32, 1), (64, 1), (16, 3)):
-        result = watch_scale(workers, routers)
-        capacity = 1e6 / result["cpu_us"] / 200
+    out("|---|---|---|---|---|---|---|---|---|")
+    for workers, processes in ((16, 0), (64, 0), (64, 2)):
+        run = watch_scale(workers, processes=processes, rate=50)
+        where = "the index's process" if not processes else f"{processes} reader processes"
         out(
-            f"| {workers} | {routers} | {result['behind']} | {result['losses']} | "
-            f"{result['late_rounds']} of {result['rounds']} | {result['cpu_us']:.0f} µs | "
-            f"{capacity:.0f} |"
+            f"| {workers} | {where} | 50 | {run['cpu_us']:.0f} µs | {run['total_cpu_us']:.0f} µs | "
+            f"{1e6 / run['cpu_us'] / 200:.0f} | {run['behind']} | {run['losses']} | "
+            f"{run['late_rounds']} of {run['rounds']} |"
+        )
+    out("\n## A fleet's caches: bootstrap, queries while applying, memory\n")
+    out(
+        "64 workers × 50,000 cached blocks (3.2M, each worker its own content), publishing small "
+        "rounds throughout, 2 reader processes; a 2,000-token prompt matched every millisecond "
+        "(wall / CPU time of the matching thread):\n"
+    )
+    out(
+        "| rounds/s each | open_watcher to every worker current | stale then / indexed | "
+        "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
+        "index process memory a block | readers' | CPU per batch: index process, with readers | "
+        "wrong views / losses at the end |"
+    )
+    out("|---|---|---|---|---|---|---|---|---|")
+    for rate in (50, 5):
+        run = watch_scale(64, processes=2, rate=rate, seconds=25, cached=50_000)
+        matches = [
+            "{:.0f} / {:.0f} µs, {:.0f} / {:.0f} µs".format(*run[f"match_{blocks}"])
+            for blocks in (40, 4)
+        ]
+        out(
+            f"| {rate} | {run['bootstrap_s']:.1f} s | {run['stale_after_bootstrap']} / "
+            f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | "
+            f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | {run['cpu_us']:.0f} µs, "
+            f"{run['total_cpu_us']:.0f} µs | {run['wrong_views']} / {run['losses']} |"
+        )
+    out("\n## Many routers on one fleet (64 workers, 10 rounds/s each, 1 reader process each)\n")
+    out("| routers | publisher CPU per batch | × one router | behind | losses |")
+    out("|---|---|---|---|---|")
+    one = None
+    for routers in (1, 3):
+        run = watch_scale(64, routers=routers, processes=1, rate=10)
+        one = one or run["publisher_cpu_us"]
+        out(
+            f"| {routers} | {run['publisher_cpu_us']:.0f} µs | {run['publisher_cpu_us'] / one:.2f} "
+            f"| {run['behind']} | {run['losses']} |"
         )

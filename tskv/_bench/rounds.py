@@ -134,7 +134,9 @@ def fill_rounds(shape: str) -> int:
     return 2 * CACHED[shape] // blocks_per_round(shape) + 1
 
 
-def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEvent]]:
+def churn_maker(
+    shape: str, cached: int | None = None, worker: int = 0
+) -> Callable[[], list[KVEvent]]:
     """Rounds as a busy cache makes them: every block new (fresh hashes and token lists, token
     ids above 256 as real ones are, so each is an int object of its own), and once the cache is
     full, as many old blocks removed as were stored. Hashes are spread over 63 bits as an
@@ -144,6 +146,7 @@ def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEv
     window = -(-(cached or CACHED[shape]) // per_round)  # rounds a block stays cached
     counter = iter(range(1 << 62))
     mask = HASH_MASK
+    first_token = 1000 + worker * 10_000_000  # each worker's blocks its own content
 
     def make() -> list[KVEvent]:
         base = next(counter) * per_round
@@ -155,7 +158,7 @@ def churn_maker(shape: str, cached: int | None = None) -> Callable[[], list[KVEv
                 BlockStored(
                     [block * SCRAMBLE & mask for block in range(first, first + hashes)],
                     parent,
-                    list(range(1000 + base, 1000 + base + tokens)),
+                    list(range(first_token + base, first_token + base + tokens)),
                     16,
                 )
             )

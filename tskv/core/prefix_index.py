@@ -88,21 +88,27 @@ def _leading_counts(
     key = root_key(lora_name, cache_salt)
     plain = extra_keys is None and mm_keys is None
     active = -1  # every worker, until the first block says otherwise
-    depth = 0
-    for depth in range(len(token_ids) // size):
+    blocks = len(token_ids) // size
+    at = 0
+    for depth in range(blocks):
         # Block by block: most queries stop after a few blocks, so the rest is never copied.
-        chunk = tuple(token_ids[depth * size : (depth + 1) * size])
-        identity = None if plain else block_identity(extra_keys, mm_keys, depth)
-        key = hash((key, hash(chunk) if identity is None else hash((chunk, identity))))
+        end = at + size
+        chunk = tuple(token_ids[at:end])
+        at = end
+        if plain:
+            key = hash((key, hash(chunk)))
+        else:
+            identity = block_identity(extra_keys, mm_keys, depth)
+            key = hash((key, hash(chunk) if identity is None else hash((chunk, identity))))
         held = active & holders(key, 0)
-        if held != active and depth:  # some workers' prefixes end here
-            counts.update(dict.fromkeys(workers_of(active & ~held), depth))
-        active = held
-        if not active:
-            break
-    else:
-        if active > 0:
-            counts.update(dict.fromkeys(workers_of(active), depth + 1))
+        if held != active:  # some workers' prefixes end here
+            if depth:
+                counts.update(dict.fromkeys(workers_of(active & ~held), depth))
+            if not held:
+                return counts
+            active = held
+    if blocks and active > 0:
+        counts.update(dict.fromkeys(workers_of(active), blocks))
     return counts
 
 

@@ -105,14 +105,6 @@ class Report:
     failure: tuple[str, float] | None  # the failure this news was, to log: error, retry in
 
 
-def _report_out(slot: int, report: Report) -> tuple[Any, ...]:
-    loss = report.loss
-    lost = None
-    if loss is not None:
-        lost = (loss.first_seq, loss.last_seq, loss.reason.value, loss.new_seq)
-    return ("report", slot, *attrs.astuple(report, recurse=False)[:-2], lost, report.failure)
-
-
 def _report_in(message: list[Any]) -> Report:
     batches, losses, failures, last_error, last_seq, silent, stale, changes, strings = message[2:11]
     lost, failure = message[11:]
@@ -315,20 +307,26 @@ class _Outbox:
         if watched is None:
             return
         index = self._index
-        report = Report(
-            watched.batches,
-            watched.losses,
-            watched.failures,
-            watched.last_error,
-            watched.last_seq,
-            watched.silent,
-            slot in index.stale,
-            index.take_changes(slot),
-            index.seen_strings,
-            loss,
-            failure,
-        )
-        self.put(_report_out(slot, report))
+        lost = None
+        if loss is not None:
+            lost = (loss.first_seq, loss.last_seq, loss.reason.value, loss.new_seq)
+        self.put(
+            (
+                "report",
+                slot,
+                watched.batches,
+                watched.losses,
+                watched.failures,
+                watched.last_error,
+                watched.last_seq,
+                watched.silent,
+                slot in index.stale,
+                index.take_changes(slot),
+                index.seen_strings,
+                lost,
+                failure,
+            )
+        )  # as `_report_in` reads it
 
     def watching(self, worker: Worker) -> bool:
         return bool(self._watcher.watching(worker))

@@ -8,6 +8,9 @@ reset was applied, the stream was followed from its seq 0, or a silent worker an
 nothing lost), so a router can see which answers not to trust. A worker's failure (its
 endpoint unreachable, its subscriber raising) is logged, marks it stale, and is retried with a
 backoff; it never stops the other workers. Workers come and go while it runs.
+
+With `processes=N` the workers are followed in reader processes (`_reader_process`), each a
+watcher like this one with an index of its own; this one mirrors what they report.
 """
 
 from __future__ import annotations
@@ -146,6 +149,7 @@ class Watcher(metaclass=NoPublicConstructor):
         watched = self._watched.pop(worker, None)
         if watched is not None:
             watched.scope.cancel()
+            watched.changed.unpark_all()  # its waiters learn it is gone
             for reader in self._readers:
                 reader.remove(watched.slot)
         self.index.remove_worker(worker)
@@ -193,6 +197,8 @@ class Watcher(metaclass=NoPublicConstructor):
         watched = self._watched[worker]  # a KeyError names a worker never added
         while not done(watched):
             await watched.changed.park()  # woken by this worker's news only
+            if self._watched.get(worker) is not watched:
+                raise KeyError(f"worker {worker!r} was removed while waited for")
 
     async def _follow_here(self, worker: Worker, watched: _Watched) -> None:
         with watched.scope:
