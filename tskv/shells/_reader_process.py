@@ -30,6 +30,7 @@ import trio
 
 import tskv
 from tskv.core._msgspec import msgspec
+from tskv.core.errors import TskvError
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex, Worker
@@ -192,7 +193,10 @@ class Reader:
         finally:
             self._questions.pop(asked, None)
         if len(answer[1]) < 2:
-            raise RuntimeError(f"reader process {self.pid} ended before it answered")
+            raise TskvError(
+                f"reader process {self.pid} ended before it answered; it is started again, "
+                "ask once the worker is current (watcher.wait_for_seq)"
+            )
         return {int(block) for block in answer[1][1]}
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
