@@ -224,18 +224,6 @@ class Holdings:
         holders, extra, keep = self.holders, view.extra_refs, ~view.bit
         predicted = self._predictions.masks
         let_go: list[int] = []
-        if not predicted and not extra:  # the usual case: each key held once, none predicted
-            for key in keys:
-                if key is not None and key != _ABSENT:
-                    mask = holders[key] & keep
-                    if mask:
-                        holders[key] = mask
-                    else:
-                        del holders[key]
-                    let_go.append(key)
-            if self.journal is not None:
-                _note(self.journal, view.bit, 1, let_go)
-            return
         for key in keys:
             if key is None or key == _ABSENT:
                 continue
