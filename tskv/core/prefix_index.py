@@ -6,10 +6,10 @@ The engine's hashes are kept per worker only to resolve parents and removals. Fo
 index keeps a bit mask of the workers holding it, so a query is one dict lookup and one AND per
 block, for all workers at once.
 
-Keys are Python `hash()` values: 64 bits, stable within a process (ints and tuples of them do
-not depend on PYTHONHASHSEED; a LoRA name or a salt does, which is fine as the keys are chained
-in the index's process). Two different prefixes share a key with odds of about n²/2⁶⁴ for n
-cached blocks.
+Keys are Python `hash()` values of ints and tuples of them (`block_keys` digests strings,
+bytes and None first), so every process of one Python build computes the same ones: a watcher's
+reader processes index blocks that this process matches. Two different prefixes share a key
+with odds of about n²/2⁶⁴ for n cached blocks.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The loop subscribes (from the worker's snapshot when it has a replay endpoint), hands every
 batch, loss and silence to a `Record`, and subscribes again with a backoff when its subscriber
-fails. The record is the watcher itself when the loop runs in the index's process, or a reader
-process's outbox that sends the same calls to it.
+fails. The record is the watcher itself; in a reader process, an outbox that tells that
+process's own watcher and then sends the worker's new state to the index's process.
 """
 
 from __future__ import annotations
