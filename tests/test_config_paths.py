@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +18,7 @@ import trio
 import zmq
 
 import tskv
-from tests.zmq_helpers import LOOPBACK
+from tests.zmq_helpers import LOOPBACK, free_loopback_port
 from tskv import EventPublisherFactory, KVEventsConfig, ZmqEventPublisher
 from tskv._cli import build_parser
 from tskv._cli.simulate import simulate, simulate_config
@@ -188,14 +187,6 @@ async def test_the_clear_text_control_does_receive_so_the_look_above_can_fail(
     config = attrs.evolve(every_key_changed(tmp_path), curve_secret_key=None, curve_clients=None)
     async with trio_path(config) as built:
         assert await rounds_a_plain_subscriber_saw(built, 500) < 500
-
-
-def free_loopback_port() -> int:
-    """A loopback port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda path: path.__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -70,3 +71,11 @@ async def request_replay(dealer: TrioSocket, start_seq: int) -> list[tuple[int, 
             if reply.is_end:
                 return replies
             replies.append((reply.seq, reply.payload))
+
+
+def free_loopback_port() -> int:
+    """A loopback port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port

@@ -25,7 +25,7 @@ import pytest
 import zmq
 
 import tskv
-from tests.test_config_paths import free_loopback_port
+from tests.zmq_helpers import free_loopback_port
 from tskv.core.frames import parse_replay_reply, replay_request
 
 MODULE_IN_WHEEL = "tokenspeed/runtime/pd/kv_events.py"

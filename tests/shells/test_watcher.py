@@ -11,7 +11,7 @@ import trio
 import zmq
 
 import tskv
-from tests.zmq_helpers import LOOPBACK
+from tests.zmq_helpers import LOOPBACK, free_loopback_port
 from tskv import AllBlocksCleared, BlockStored, LossReason
 from tskv.sim import Simulator, Workload, run_round
 from tskv.testing import ScriptedPublisher
@@ -251,3 +251,32 @@ async def test_a_wait_for_a_worker_removed_meanwhile_raises_instead_of_hanging()
             nursery.start_soon(remove_soon)
             with pytest.raises(KeyError, match="was removed while waited for"):
                 await watcher.wait_for_seq("w", 0)
+
+
+async def test_snapshots_are_taken_a_few_at_a_time_and_one_that_never_comes_holds_no_one(
+    processes: int,
+) -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    index = tskv.PrefixIndex(block_size=2)
+    async with tskv.open_publisher(config, 0) as a, tskv.open_publisher(config, 1) as b:
+        for rank, publisher in enumerate((a, b)):
+            await publisher.publish([BlockStored([rank], None, [rank, rank], 2)])
+        async with tskv.open_watcher(
+            index, processes=processes, snapshots_at_once=1, replay_timeout=0.5
+        ) as watcher:
+            # First in line: a worker whose replay endpoint nothing answers.
+            watcher.add(
+                "gone",
+                f"tcp://127.0.0.1:{free_loopback_port()}",
+                f"tcp://127.0.0.1:{free_loopback_port()}",
+            )
+            watcher.add("a", a.endpoint, a.replay_endpoint)
+            watcher.add("b", b.endpoint, b.replay_endpoint)
+            with trio.fail_after(20):
+                await watcher.wait_for_seq("a", 0)
+                await watcher.wait_for_seq("b", 0)
+            assert index.match([0, 0]) == {"a": 1} and index.match([1, 1]) == {"b": 1}
+            assert index.stale == {"gone"}
+    with pytest.raises(tskv.ConfigError, match="snapshots_at_once = 0"):
+        async with tskv.open_watcher(index, snapshots_at_once=0):
+            pass  # pragma: no cover

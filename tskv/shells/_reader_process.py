@@ -10,7 +10,7 @@ and stdout (length-prefixed msgpack frames): a pipe only this process and its ch
 nothing else can speak on it. A reader that dies is started again, and its workers are stale
 until their snapshots are in again.
 
-`main()` is the child's side, given BLOCK_SIZE and LOG_LEVEL as arguments.
+`main()` is the child's side, given BLOCK_SIZE, SNAPSHOTS_AT_ONCE and LOG_LEVEL as arguments.
 """
 
 from __future__ import annotations
@@ -152,13 +152,14 @@ class ReaderStatus:
 class Reader:
     """One reader process, kept running, and the workers it follows."""
 
-    def __init__(self, mirror: Mirror, block_size: int) -> None:
+    def __init__(self, mirror: Mirror, block_size: int, snapshots_at_once: int) -> None:
         self._mirror = mirror
         self._command = [
             sys.executable,
             "-c",
             f"from {__name__} import main; main()",
             str(block_size),
+            str(snapshots_at_once),
             str(logging.getLogger("tskv").getEffectiveLevel()),
         ]
         self.wanted: dict[int, tuple[Worker, tuple[Any, ...]]] = {}  # slot -> worker, add's args
@@ -388,11 +389,11 @@ class _Forward(logging.Handler):
         self._outbox.log(record)
 
 
-async def _serve(block_size: int, level: int, stdin: int, stdout: int) -> None:
+async def _serve(block_size: int, at_once: int, level: int, stdin: int, stdout: int) -> None:
     from tskv.shells.watcher import open_watcher
 
     index = PrefixIndex(block_size, record_changes=True)
-    async with open_watcher(index) as watcher:
+    async with open_watcher(index, snapshots_at_once=at_once) as watcher:
         outbox = _Outbox(watcher, index)
         watcher.record = outbox
         tskv_logger = logging.getLogger("tskv")
@@ -414,12 +415,12 @@ async def _serve(block_size: int, level: int, stdin: int, stdout: int) -> None:
 
 
 def main() -> None:
-    block_size, level = int(sys.argv[-2]), int(sys.argv[-1])
+    block_size, at_once, level = (int(argument) for argument in sys.argv[-3:])
     stdin, stdout = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the frames
     sys.stdout = sys.stderr
     try:
-        trio.run(_serve, block_size, level, stdin, stdout)
+        trio.run(_serve, block_size, at_once, level, stdin, stdout)
     except BaseException as exc:
         if not only(exc, trio.BrokenResourceError, KeyboardInterrupt):
             raise  # else the index's process is gone

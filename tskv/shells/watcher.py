@@ -34,7 +34,7 @@ from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.worker_view import ViewChange, WorkerView
 from tskv.shells._background import background_tasks
 from tskv.shells._constructor import NoPublicConstructor
-from tskv.shells._following import Record, follow
+from tskv.shells._following import SNAPSHOTS_AT_ONCE, Bootstraps, Record, follow
 from tskv.shells._reader_process import Reader, ReaderStatus, Report
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ class Watcher(metaclass=NoPublicConstructor):
         self._readers: list[Reader] = []  # none: each worker is followed by a task here
         self._slots = 0  # how a reader process names a worker: its `add`'s number
         self.record: Record = self  # who is told each worker's news (a reader's outbox)
+        self._bootstraps = Bootstraps(SNAPSHOTS_AT_ONCE)
 
     def add(
         self,
@@ -203,7 +204,8 @@ class Watcher(metaclass=NoPublicConstructor):
     async def _follow_here(self, worker: Worker, watched: _Watched) -> None:
         with watched.scope:
             endpoints = (watched.endpoint, watched.replay_endpoint)
-            await follow(self.record, worker, *endpoints, watched.config, self._context)
+            config, context = watched.config, self._context
+            await follow(self.record, worker, *endpoints, config, context, self._bootstraps)
 
     # -- what the workers' followers report (`_following.Record`), here or from a reader ----
 
@@ -342,6 +344,7 @@ async def open_watcher(
     on_loss: Callable[[Worker, Loss], object] | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     processes: int = 0,
+    snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
     **subscriber_settings: Any,
 ) -> AsyncIterator[Watcher]:
     """Keep `index` current from the workers added to the yielded `Watcher`, until the block
@@ -370,6 +373,7 @@ async def open_watcher(
     """
     config = _changed(SubscriberConfig(), subscriber_settings)
     int_at_least("processes", processes, 0, ConfigError)
+    int_at_least("snapshots_at_once", snapshots_at_once, 1, ConfigError)
     if processes and context is not None:
         raise TypeError(
             "context cannot be shared with reader processes (each makes its own); "
@@ -379,8 +383,9 @@ async def open_watcher(
         raise ValueError(f"processes = {processes}: reader processes need POSIX; use 0 on Windows")
     async with background_tasks() as nursery:
         watcher = Watcher._create(index, nursery, on_loss, config, context)
+        watcher._bootstraps.limit = snapshots_at_once
         for _ in range(processes):
-            reader = Reader(watcher, index.block_size)
+            reader = Reader(watcher, index.block_size, snapshots_at_once)
             await nursery.start(reader.run)
             watcher._readers.append(reader)
         yield watcher
