@@ -10,6 +10,7 @@ shielded from the caller's cancellation and bounded by the shutdown deadline.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 import trio
@@ -60,6 +61,13 @@ class PublishTask:
     def stop_by(self, deadline: float) -> None:
         """The block was left: drain what is queued until `deadline` (Trio's clock)."""
         self._scope.deadline = deadline
+
+    def close(self) -> None:
+        """Close the PUB socket; ZeroMQ may go on sending what it holds until the deadline: a
+        batch handed to it is not yet on the wire, and closing without lingering dropped the
+        last ones of a drain."""
+        left = self._scope.deadline - trio.current_time()
+        self._pub.close(linger_ms=max(0, int(left * 1000)) if left != math.inf else 0)
 
     @trio.lowlevel.enable_ki_protection
     async def run(self, accepted: Callable[[], int]) -> None:

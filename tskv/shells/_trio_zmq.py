@@ -121,16 +121,15 @@ class TrioSocket:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return frames
 
-    def close(self) -> None:
-        """Wake any waiter with ClosedResourceError, then close without lingering.
-
-        Linger 0: the default (-1) would make context termination hang on an absent peer.
-        """
+    def close(self, linger_ms: int = 0) -> None:
+        """Wake any waiter with ClosedResourceError, then close, letting ZeroMQ send what it
+        still holds for at most `linger_ms` (its default, forever, would make context
+        termination hang on an absent peer)."""
         if self._closed:
             return
         self._closed = True
         trio.lowlevel.notify_closing(self._fd)
-        self.sock.close(linger=0)
+        self.sock.close(linger=linger_ms)
 
 
 def bound_endpoint(sock: zmq.Socket[bytes]) -> str:

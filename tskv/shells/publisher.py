@@ -389,8 +389,9 @@ class _Sockets:
             MAX_SUBSCRIPTION_BYTES,
             self._monitored,
         )
-        self.cleanup.callback(pub.close)
-        return PublishTask(pub, address, config.topic.encode(), queued, buffer, state, on_dequeue)
+        task = PublishTask(pub, address, config.topic.encode(), queued, buffer, state, on_dequeue)
+        self.cleanup.callback(task.close)
+        return task
 
     def replay(
         self,

@@ -150,11 +150,19 @@ class ZmqEventPublisher(EventPublisher):
 
     @asynccontextmanager
     async def _open(self) -> AsyncIterator[Publisher]:
-        async with open_publisher(
-            self.config, self.attn_dp_rank, context=self._context, on_dequeue=self._slots.release
-        ) as publisher:
-            yield publisher
-            self._move_handoff()  # what was handed over just before shutdown still goes
+        # A context of its own unless given one: terminating it waits (until the shutdown
+        # deadline) for ZeroMQ to send what it holds. A script's process ends right after
+        # shutdown(), and the process's shared context would be dropped with its last batches.
+        context = zmq.Context() if self._context is None else self._context
+        try:
+            async with open_publisher(
+                self.config, self.attn_dp_rank, context=context, on_dequeue=self._slots.release
+            ) as publisher:
+                yield publisher
+                self._move_handoff()  # what was handed over just before shutdown still goes
+        finally:
+            if self._context is None:
+                context.destroy(linger=0)  # only the PUB, closed lingering, is left
 
     def _loop_failed(self, _: BaseException) -> None:
         # Wake every publish() waiting for a slot: each then sees the failure and raises.
