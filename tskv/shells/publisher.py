@@ -274,7 +274,8 @@ async def open_publisher(
     """Publish KV event batches until the block ends; yields the `Publisher`.
 
     Leaving the block sends what is queued within `config.shutdown_timeout` seconds, whether
-    the body returned, raised or was cancelled, then closes both sockets without lingering.
+    the body returned, raised or was cancelled, then closes the sockets (the PUB lingering for
+    what is left of that deadline, so ZeroMQ sends what it still holds).
 
     Args:
       config: every setting (`KVEventsConfig`): the endpoints (offset for `dp_rank`), the
