@@ -1,11 +1,11 @@
 """A block's content key: what the prefix index files a block under, no I/O.
 
-A block's key is Python's hash of its parent's key and its content hash; the content hash is
-the hash of its token ids (with its identity beside the tokens, when it has one: its extra keys
-and multimodal items). At the root, the LoRA name and the cache salt (SGLang's and vLLM's
-per-tenant namespace). Everything that makes a block's identity in its engine is in its key, so
-one tenant's query never matches another tenant's salted blocks, whatever hashing scheme the
-engine uses (TokenSpeed's FNV, vLLM's SHA-256 or xxHash, the simulator's).
+A block's key is Python's hash of its parent's key and its content: its token ids (with its
+identity beside the tokens, when it has one: its extra keys and multimodal items). At the
+root, the LoRA name and the cache salt (SGLang's and vLLM's per-tenant namespace). Everything
+that makes a block's identity in its engine is in its key, so one tenant's query never matches
+another tenant's salted blocks, whatever hashing scheme the engine uses (TokenSpeed's FNV,
+vLLM's SHA-256 or xxHash, the simulator's).
 
 A key is the same in every process: a watcher's reader processes key the blocks and the
 router's process matches against them. Ints and tuples of ints hash alike in any interpreter of
@@ -52,6 +52,7 @@ def stable(value: Any) -> Any:
 _ROOT = stable("tskv-prefix-root")
 
 
+@functools.lru_cache(maxsize=1024)
 def root_key(lora_name: str | None, cache_salt: str | None = None) -> int:
     """The key a chain hangs from: prefixes cached under different LoRA adapters, or under
     different cache salts, differ."""
@@ -92,31 +93,36 @@ def identities(
     return None if all(identity is None for identity in found) else found
 
 
-def content_hashes(
+def contents(
     tokens: Sequence[int | str], idents: Sequence[Identity] | None, count: int, size: int
-) -> tuple[list[int | None], bool]:
-    """Each of `count` blocks' content hash (None for a block whose tokens fall short: no
-    query can reach it), and whether a token id was a string."""
-    chunks, strings = int_tokens(tokens)
+) -> tuple[list[Any], bool]:
+    """Each of `count` blocks' content, as `chain` hashes it under its parent's key: its token
+    ids as a tuple, with its identity when it has one; None for a block whose tokens fall short
+    (no query can reach it). And whether a token id was a string."""
+    chunks = tuple(tokens)
+    try:
+        sum(cast("tuple[int, ...]", chunks))  # as `int_tokens`, written out: once an event
+        strings = False
+    except TypeError:
+        chunks, strings = int_tokens(chunks)
     whole = min(count, len(chunks) // size)
     if idents is None:
-        ends = range(0, whole * size, size)
-        hashes: list[int | None] = [hash(chunks[at : at + size]) for at in ends]
+        found: list[Any] = [chunks[at : at + size] for at in range(0, whole * size, size)]
     else:
-        hashes = []
+        found = []
         for index in range(whole):
             chunk = chunks[index * size : (index + 1) * size]
             identity = idents[index]
-            hashes.append(hash(chunk) if identity is None else hash((chunk, identity)))
-    hashes.extend([None] * (count - whole))
-    return hashes, strings
+            found.append(chunk if identity is None else (chunk, identity))
+    found.extend([None] * (count - whole))
+    return found, strings
 
 
-def chain(key: int | None, hashes: Sequence[int | None]) -> list[int | None]:
+def chain(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
     """The keys of consecutive blocks under parent `key`: None from the first block no query
     can reach (no parent known, or its tokens short) on."""
     keys: list[int | None] = []
-    for content in hashes:
+    for content in blocks:
         key = None if key is None or content is None else hash((key, content))
         keys.append(key)
     return keys

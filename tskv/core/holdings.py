@@ -16,10 +16,11 @@ from tskv.core.predictions import Predictions
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
+FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
 _ABSENT = -1  # hash() never returns -1, so no key is ever this
 BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
-# A BlockStored as the index stores it: (block_hashes, parent, content hashes, medium,
-# lora_name, cache_salt, block_size)
+# A BlockStored as the index stores it: (block_hashes, parent, contents (`block_keys.contents`),
+# medium, lora_name, cache_salt, block_size)
 Stored = Sequence[Any]
 
 
@@ -113,6 +114,10 @@ class Holdings:
         any other is stored one event at a time."""
         if not run:
             return
+        if len(run) == 1 and len(run[0][0]) <= FEW_BLOCKS:  # block by block costs less
+            self.store(view, *run[0])
+            run.clear()
+            return
         blocks, size = view.blocks, self.block_size
         ids: list[BlockId] = []  # the run's blocks, in order, and their keys
         keys: list[int | None] = []
@@ -161,7 +166,7 @@ class Holdings:
         view: _WorkerView,
         hashes: Sequence[int],
         parent: int | None,
-        contents: Sequence[int | None],
+        contents: Sequence[Any],
         tier: str | None,
         lora_name: str | None,
         cache_salt: str | None,
@@ -179,6 +184,8 @@ class Holdings:
         if keys[-1:] == [None]:
             self.orphans += keys.count(None)
         ids: Sequence[BlockId] = hashes if tier is None else [(tier, block) for block in hashes]
+        holders, bit, extra_refs = self.holders, view.bit, view.extra_refs
+        predicted, journal = self._predictions.masks, self.journal
         for block_id, key in zip(ids, keys, strict=True):
             old = blocks.get(block_id, _ABSENT)
             if old != _ABSENT:
@@ -186,8 +193,17 @@ class Holdings:
                     continue  # stored again: nothing changes
                 self.release(view, (old,))
             blocks[block_id] = key
-            if key is not None:
-                self.hold(view, (key,))
+            if key is None:
+                continue
+            if predicted and key in predicted:  # the prediction came true
+                self._predictions.drop(bit, key)
+            mask = holders.get(key, 0)
+            if mask & bit:
+                extra_refs[key] = extra_refs.get(key, 0) + 1
+            else:
+                holders[key] = mask | bit
+                if journal is not None:  # in order with what `release` notes
+                    _note(journal, bit, 0, (key,))
 
     def hold(self, view: _WorkerView, keys: Sequence[int]) -> None:
         """The worker holds each key (once more, if it held it already)."""

@@ -24,7 +24,7 @@ from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.block_keys import (
     block_identity,
     chain,
-    content_hashes,
+    contents,
     identities,
     int_tokens,
     root_key,
@@ -96,10 +96,10 @@ def _leading_counts(
         chunk = tuple(token_ids[at:end])
         at = end
         if plain:
-            key = hash((key, hash(chunk)))
+            key = hash((key, chunk))
         else:
             identity = block_identity(extra_keys, mm_keys, depth)
-            key = hash((key, hash(chunk) if identity is None else hash((chunk, identity))))
+            key = hash((key, chunk if identity is None else (chunk, identity)))
         held = active & holders(key, 0)
         if held != active:  # some workers' prefixes end here
             if depth:
@@ -169,11 +169,13 @@ class PrefixIndex:
         for event in events:
             if isinstance(event, BlockStored):
                 count = len(event.block_hashes)
-                idents = identities(event.extra_keys, event.mm_keys, count)
-                contents, strings = content_hashes(event.token_ids, idents, count, size)
+                idents = None
+                if event.extra_keys is not None or event.mm_keys is not None:
+                    idents = identities(event.extra_keys, event.mm_keys, count)
+                found, strings = contents(event.token_ids, idents, count, size)
                 self._strings = self._strings or strings
                 where = (event.medium, event.lora_name, event.cache_salt, event.block_size)
-                stored.append((event.block_hashes, event.parent_block_hash, contents, *where))
+                stored.append((event.block_hashes, event.parent_block_hash, found, *where))
                 continue
             holdings.store_run(view, stored)
             if isinstance(event, BlockRemoved):
@@ -280,8 +282,8 @@ class PrefixIndex:
         size = self.block_size
         count = len(token_ids) // size
         idents = identities(extra_keys, mm_keys, count)
-        contents, _ = content_hashes(token_ids, idents, count, size)
-        keys = chain(root_key(lora_name, cache_salt), contents)
+        found, _ = contents(token_ids, idents, count, size)
+        keys = chain(root_key(lora_name, cache_salt), found)
         fresh = [key for key in keys if key is not None and not holders.get(key, 0) & bit]
         self._predictions.add(bit, fresh, ttl)
 
