@@ -306,8 +306,9 @@ class _Outbox:
         self._has_news.unpark_all()
 
     def _report(
-        self, slot: int, loss: Loss | None = None, failure: tuple[str, float] | None = None
+        self, slot: Worker, loss: Loss | None = None, failure: tuple[str, float] | None = None
     ) -> None:
+        """Queue `slot`'s state (a slot is the int this reader's watcher names a worker by)."""
         watched = self._watcher.watched(slot)
         if watched is None:
             return
@@ -343,23 +344,23 @@ class _Outbox:
     def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None:
         self._watcher.applied(worker, seq, batch)
         self._batches += 1
-        self._report(worker)  # type: ignore[arg-type]
+        self._report(worker)
 
     def lost(self, worker: Worker, loss: Loss) -> None:
         self._watcher.lost(worker, loss)
-        self._report(worker, loss=loss)  # type: ignore[arg-type]
+        self._report(worker, loss=loss)
 
     def silence(self, worker: Worker, silent: bool) -> None:
         self._watcher.silence(worker, silent)
-        self._report(worker)  # type: ignore[arg-type]
+        self._report(worker)
 
     def failed(self, worker: Worker, error: str, retry_in: float) -> None:
         self._watcher.failed(worker, error, retry_in, log=False)  # the index's process logs it
-        self._report(worker, failure=(error, retry_in))  # type: ignore[arg-type]
+        self._report(worker, failure=(error, retry_in))
 
     def resubscribed(self, worker: Worker) -> None:
         self._watcher.resubscribed(worker)
-        self._report(worker)  # type: ignore[arg-type]
+        self._report(worker)
 
     def log(self, record: logging.LogRecord) -> None:
         self.put(("log", record.name, record.levelno, record.getMessage()))
