@@ -5,7 +5,6 @@ and losses are compared at the end; with a prefilled cache, every worker's block
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import ExitStack
 from multiprocessing.connection import Connection
@@ -13,7 +12,7 @@ from typing import Any
 
 import trio
 
-from tskv._bench.processes import child, percentile
+from tskv._bench.processes import child, percentile, rss
 from tskv._bench.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
@@ -75,11 +74,6 @@ def _cached_hashes(published: int, cached: int) -> set[int]:
     return {block * SCRAMBLE & HASH_MASK for block in range(max(last - window, 0), last)}
 
 
-def _resident(pid: int | None = None) -> int:
-    with open(f"/proc/{pid or 'self'}/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _router(
     endpoints: list[tuple[str, str]], processes: int, cached: int, conn: Connection
 ) -> None:
@@ -89,13 +83,13 @@ def _router(
 
     async def main() -> None:
         index = PrefixIndex(BLOCK)
-        memory = _resident()
+        memory = rss()
         opened = trio.current_time()
         # A publisher serving a 50,000-block snapshot while 63 others in its process do too
         # takes longer than the default 5 s to send its next part; it is busy, not gone.
         timeout = 60.0 if cached else 5.0
         async with open_watcher(index, processes=processes, replay_timeout=timeout) as watcher:
-            readers_memory = [_resident(reader.pid) for reader in watcher.readers]
+            readers_memory = [rss(reader.pid) for reader in watcher.readers]
             starting = trio.current_time() - opened  # the reader processes
             conn.send("ready")
             await trio.to_thread.run_sync(conn.recv)  # the publishers begin their rounds
@@ -109,8 +103,8 @@ def _router(
             result["stale_after_bootstrap"] = len(index.stale)
             result["indexed_after_bootstrap"] = len(index) / max(len(endpoints) * cached, 1)
             if cached:
-                result["index_bytes"] = (_resident() - memory) / len(index)
-                now = [_resident(reader.pid) for reader in watcher.readers]
+                result["index_bytes"] = (rss() - memory) / len(index)
+                now = [rss(reader.pid) for reader in watcher.readers]
                 grown = sum(now) - sum(readers_memory)
                 result["reader_bytes"] = grown / len(index) if watcher.readers else None
             cpu, readers_cpu, before = _cpu(watcher, len(endpoints))

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 import zmq
 
-from tskv._bench.processes import _rss, fmt, in_fresh_process
+from tskv._bench.processes import fmt, in_fresh_process, rss
 from tskv._bench.rounds import round_makers
 from tskv.core import frames
 from tskv.core.codec import encode_round
@@ -31,12 +31,12 @@ def _buffer_growth(conn: Connection) -> None:
                 await publisher.publish(make())
             await trio.testing.wait_all_tasks_blocked()
             gc.collect()
-            before = _rss()
+            before = rss()
             for _ in range(10_000):
                 await publisher.publish(make())
             await trio.testing.wait_all_tasks_blocked()
             gc.collect()
-            return _rss() - before
+            return rss() - before
 
     conn.send(trio.run(main))
 
@@ -53,7 +53,7 @@ def _idle_replay_clients(clients: int, conn: Connection) -> None:
                 await publisher.publish(make())
             await trio.testing.wait_all_tasks_blocked()
             gc.collect()
-            before = _rss()
+            before = rss()
             assert publisher.replay_endpoint is not None
             sockets: list[zmq.Socket[bytes]] = []
             for _ in range(clients):
@@ -64,7 +64,7 @@ def _idle_replay_clients(clients: int, conn: Connection) -> None:
                 dealer.send_multipart(frames.replay_request(0))
                 sockets.append(dealer)
             await trio.sleep(3)  # every replay has filled its pipe, then stalled
-            grown = _rss() - before
+            grown = rss() - before
             for dealer in sockets:
                 dealer.close(linger=0)
             return grown

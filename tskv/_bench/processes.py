@@ -33,8 +33,9 @@ def in_fresh_process(target: Callable[..., None], *args: Any) -> Any:
         return conn.recv()
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as statm:
+def rss(pid: int | None = None) -> int:
+    """Resident bytes of this process, or of process `pid`."""
+    with open(f"/proc/{pid or 'self'}/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 

@@ -99,12 +99,7 @@ def contents(
     """Each of `count` blocks' content, as `chain` hashes it under its parent's key: its token
     ids as a tuple, with its identity when it has one; None for a block whose tokens fall short
     (no query can reach it). And whether a token id was a string."""
-    chunks = tuple(tokens)
-    try:
-        sum(cast("tuple[int, ...]", chunks))  # as `int_tokens`, written out: once an event
-        strings = False
-    except TypeError:
-        chunks, strings = int_tokens(chunks)
+    chunks, strings = int_tokens(tokens)
     whole = min(count, len(chunks) // size)
     if idents is None:
         found: list[Any] = [chunks[at : at + size] for at in range(0, whole * size, size)]

@@ -33,7 +33,7 @@ class Bootstraps:
     """
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
+        self._limit = limit
         self._ends: dict[object, float] = {}  # turn -> when it lapses
         self._lot = trio.lowlevel.ParkingLot()
 
@@ -43,7 +43,7 @@ class Bootstraps:
             for other, end in list(self._ends.items()):
                 if end <= now:
                     del self._ends[other]
-            if len(self._ends) < self.limit:
+            if len(self._ends) < self._limit:
                 self._ends[turn] = now + longest
                 return
             with trio.move_on_at(min(self._ends.values())):

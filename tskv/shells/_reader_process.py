@@ -106,6 +106,16 @@ class Report:
     failure: tuple[str, float] | None  # the failure this news was, to log: error, retry in
 
 
+def _report_out(slot: Worker, report: Report) -> tuple[Any, ...]:
+    """A report as the pipe carries it (`_report_in` reads it back)."""
+    loss, lost = report.loss, None
+    if loss is not None:
+        lost = (loss.first_seq, loss.last_seq, loss.reason.value, loss.new_seq)
+    state = (report.batches, report.losses, report.failures, report.last_error, report.last_seq)
+    flags = (report.silent, report.stale, report.changes, report.strings)
+    return ("report", slot, *state, *flags, lost, report.failure)
+
+
 def _report_in(message: list[Any]) -> Report:
     batches, losses, failures, last_error, last_seq, silent, stale, changes, strings = message[2:11]
     lost, failure = message[11:]
@@ -313,26 +323,20 @@ class _Outbox:
         if watched is None:
             return
         index = self._index
-        lost = None
-        if loss is not None:
-            lost = (loss.first_seq, loss.last_seq, loss.reason.value, loss.new_seq)
-        self.put(
-            (
-                "report",
-                slot,
-                watched.batches,
-                watched.losses,
-                watched.failures,
-                watched.last_error,
-                watched.last_seq,
-                watched.silent,
-                slot in index.stale,
-                index.take_changes(slot),
-                index.seen_strings,
-                lost,
-                failure,
-            )
-        )  # as `_report_in` reads it
+        report = Report(
+            watched.batches,
+            watched.losses,
+            watched.failures,
+            watched.last_error,
+            watched.last_seq,
+            watched.silent,
+            slot in index.stale,
+            index.take_changes(slot),
+            index.seen_strings,
+            loss,
+            failure,
+        )
+        self.put(_report_out(slot, report))
 
     def watching(self, worker: Worker) -> bool:
         return bool(self._watcher.watching(worker))

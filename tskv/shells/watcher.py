@@ -99,6 +99,7 @@ class Watcher(metaclass=NoPublicConstructor):
         on_loss: Callable[[Worker, Loss], object] | None,
         config: SubscriberConfig,
         context: zmq.Context[zmq.Socket[bytes]] | None,
+        snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
     ) -> None:
         self.index = index
         self._nursery = nursery
@@ -109,7 +110,7 @@ class Watcher(metaclass=NoPublicConstructor):
         self._readers: list[Reader] = []  # none: each worker is followed by a task here
         self._slots = 0  # how a reader process names a worker: its `add`'s number
         self.record: Record = self  # who is told each worker's news (a reader's outbox)
-        self._bootstraps = Bootstraps(SNAPSHOTS_AT_ONCE)
+        self._bootstraps = Bootstraps(snapshots_at_once)
 
     def add(
         self,
@@ -382,8 +383,7 @@ async def open_watcher(
     if processes and sys.platform == "win32":
         raise ValueError(f"processes = {processes}: reader processes need POSIX; use 0 on Windows")
     async with background_tasks() as nursery:
-        watcher = Watcher._create(index, nursery, on_loss, config, context)
-        watcher._bootstraps.limit = snapshots_at_once
+        watcher = Watcher._create(index, nursery, on_loss, config, context, snapshots_at_once)
         for _ in range(processes):
             reader = Reader(watcher, index.block_size, snapshots_at_once)
             await nursery.start(reader.run)
