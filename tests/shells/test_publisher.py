@@ -48,6 +48,36 @@ async def test_first_batch_has_seq_0_and_the_events_sent() -> None:
     assert before <= batch.ts <= after  # the round's time is taken when publish() is called
 
 
+async def test_an_idle_publisher_counts_a_subscription_when_asked_for_its_statistics() -> None:
+    async with tskv.open_publisher(config()) as publisher:
+        await trio.testing.wait_all_tasks_blocked()  # idle: its task waits on the queue alone
+        async with raw_socket(zmq.SUB, publisher.endpoint) as sub:
+            sub.sock.setsockopt(zmq.SUBSCRIBE, b"")
+            with trio.fail_after(10):
+                # polled on purpose: a monitor reading the statistics is all that asks
+                while publisher.statistics().subscriptions < 1:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert publisher.statistics().subscriptions == 1
+
+
+async def test_a_wait_for_a_subscriber_begun_while_idle_sees_it_arrive() -> None:
+    async with tskv.open_publisher(config()) as publisher, trio.open_nursery() as nursery:
+        await trio.testing.wait_all_tasks_blocked()  # idle on the queue, watching no socket
+        arrived = trio.Event()
+
+        async def wait() -> None:
+            await publisher.wait_for_subscriber()
+            arrived.set()
+
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()  # the waiter is parked before the SUB comes
+        async with raw_socket(zmq.SUB, publisher.endpoint) as sub:
+            sub.sock.setsockopt(zmq.SUBSCRIBE, b"")
+            with trio.fail_after(10):
+                await arrived.wait()
+        assert publisher.statistics().subscriptions == 1
+
+
 async def test_endpoints_report_the_ports_really_bound() -> None:
     async with tskv.open_publisher(config()) as publisher:
         assert publisher.endpoint.startswith("tcp://127.0.0.1:")

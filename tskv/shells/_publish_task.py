@@ -54,6 +54,7 @@ class PublishTask:
         self.subscriptions = 0
         self.subscription_change = trio.lowlevel.ParkingLot()
         self._in_hand: list[Queued | None] = []  # what the idle race has taken off the queue
+        self._waiting_on_queue: trio.CancelScope | None = None  # idle, watching no socket
         # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
         # is set when the block is left, which bounds the drain.
         self._scope = trio.CancelScope(shield=True)
@@ -148,11 +149,25 @@ class PublishTask:
         if changed:
             self.subscription_change.unpark_all()
 
+    def count_subscriptions(self) -> None:
+        """Count the subscriptions that have arrived, when idle on the queue alone (otherwise
+        this task counts them itself: before each batch, and when the socket wakes it)."""
+        if self._waiting_on_queue is not None:  # the socket is open and no task waits on it
+            self._take_subscriptions()
+
+    def watch_subscriptions(self) -> None:
+        """A task is about to wait for a subscription: count what has arrived, and have an
+        idle publish task watch the socket from now on, not the queue alone."""
+        self.count_subscriptions()
+        if self._waiting_on_queue is not None:
+            self._waiting_on_queue.cancel()
+
     async def _next_payload(self) -> Queued:
         """The next queued payload; while idle, also keep track of subscriptions.
 
-        Only this task touches the PUB socket, so it alone waits on the socket's fd: two child
-        tasks race the channel against the fd and whichever finishes first cancels the other.
+        Only this task waits on the PUB socket's fd: while a task waits for a subscription, two
+        child tasks race the channel against the fd and whichever finishes first cancels the
+        other. Otherwise it waits on the channel alone, and others may count subscriptions.
         """
         while True:
             self._take_subscriptions()
@@ -167,6 +182,16 @@ class PublishTask:
                 return self._queue.receive_nowait()
             except trio.WouldBlock:
                 pass
+            if not self.subscription_change.statistics().tasks_waiting:
+                # No one waits for a subscription, so wait on the queue alone: the race costs
+                # a nursery and two tasks, and a publisher at a scheduler's pace is idle before
+                # every batch. A task that starts waiting for one cancels this (`watch`).
+                try:
+                    with trio.CancelScope() as self._waiting_on_queue:
+                        return await self._queue.receive()
+                finally:
+                    self._waiting_on_queue = None
+                continue
             got = self._in_hand = []  # None: the channel was closed
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._take_one, got, nursery.cancel_scope)

@@ -178,6 +178,7 @@ class Publisher(metaclass=NoPublicConstructor):
 
     def statistics(self) -> PublisherStatistics:
         publishing, security = self._publishing, self._security
+        publishing.count_subscriptions()
         return PublisherStatistics(
             codec=codec_name(),
             accepted=self._accepted,
@@ -206,7 +207,10 @@ class Publisher(metaclass=NoPublicConstructor):
         ZeroMQ drops what a PUB sends before a subscription reaches it (the slow-joiner
         problem); tests and demos wait here instead of sleeping.
         """
-        while self._publishing.subscriptions < count:
+        while True:
+            self._publishing.watch_subscriptions()
+            if self._publishing.subscriptions >= count:
+                return
             await self._publishing.subscription_change.park()
 
     def _stop(self) -> None:
