@@ -145,9 +145,46 @@ def test_a_parent_stored_again_after_its_child_still_goes_first() -> None:
     follow(state, [BlockRemoved([1])])
     follow(state, [BlockStored([1], None, [5, 5], BLOCK)])  # 1 is back, after its child 2
     events, _ = snapshot_events(state)
-    stores = [e for e in events if isinstance(e, BlockStored)]
-    assert [list(e.block_hashes) for e in stores] == [[1], [2]]
-    assert stores[1].parent_block_hash == 1 and list(stores[1].token_ids) == [0, 0]
+    # 1 goes first, and 2 goes on its chain: one event says both.
+    assert chains(events) == [([1, 2], None, [5, 5, 0, 0])]
+
+
+def chains(events: list[KVEvent]) -> list[tuple[list[int], int | None, list[int | str]]]:
+    return [
+        (list(e.block_hashes), e.parent_block_hash, list(e.token_ids))
+        for e in events
+        if isinstance(e, BlockStored)
+    ]
+
+
+def test_a_request_stored_over_rounds_goes_out_as_one_event_per_part() -> None:
+    state = CacheState()
+    for first in (1, 3, 5):  # a request's blocks, two a round, each round's parent the last
+        parent = None if first == 1 else first - 1
+        keys = [[f"k{first}"], [f"k{first + 1}"]]
+        stored = BlockStored([first, first + 1], parent, [first] * 4, BLOCK, extra_keys=keys)
+        follow(state, [stored])
+    events, parts = snapshot_events(state, part_blocks=4)
+    assert (parts, chains(events)) == (
+        2,
+        [([1, 2, 3, 4], None, [1] * 4 + [3] * 4), ([5, 6], 4, [5] * 4)],
+    )
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert [list(e.extra_keys or ()) for e in stored] == [
+        [["k1"], ["k2"], ["k3"], ["k4"]],
+        [["k5"], ["k6"]],
+    ]
+
+
+def test_runs_are_not_joined_across_short_tokens_or_other_fields() -> None:
+    state = CacheState()
+    follow(state, [BlockStored([1, 2], None, [0, 0, 0], BLOCK)])  # block 2 has one token
+    follow(state, [BlockStored([3], 2, [3, 3], BLOCK)])
+    follow(state, [BlockStored([4], 3, [4, 4], BLOCK, medium="CPU")])
+    follow(state, [BlockStored([5], 3, [5, 5], BLOCK, extra_keys=[["k"], ["k"]])])  # 2 for 1 block
+    follow(state, [BlockStored([6], 5, [6, 6], BLOCK, extra_keys=[["k"], ["k"]])])
+    events, _ = snapshot_events(state, part_blocks=100)
+    assert [hashes for hashes, _, _ in chains(events)] == [[1, 2], [3], [5], [6], [4]]
 
 
 def test_a_whole_event_goes_out_as_it_was_and_a_partly_removed_one_in_runs() -> None:
