@@ -23,6 +23,7 @@ import attrs
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.block_keys import (
     block_identity,
+    blocks_of,
     chain,
     contents,
     identities,
@@ -89,12 +90,8 @@ def _leading_counts(
     plain = extra_keys is None and mm_keys is None
     active = -1  # every worker, until the first block says otherwise
     blocks = len(token_ids) // size
-    at = 0
-    for depth in range(blocks):
-        # Block by block: most queries stop after a few blocks, so the rest is never copied.
-        end = at + size
-        chunk = tuple(token_ids[at:end])
-        at = end
+    # Block by block: most queries stop after a few blocks, so the rest is never copied.
+    for depth, chunk in enumerate(blocks_of(token_ids, size)):
         if plain:
             key = hash((key, chunk))
         else:
