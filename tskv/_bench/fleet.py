@@ -5,6 +5,8 @@ and losses are compared at the end; with a prefilled cache, every worker's block
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from contextlib import ExitStack
 from multiprocessing.connection import Connection
@@ -12,7 +14,7 @@ from typing import Any
 
 import trio
 
-from tskv._bench.processes import child, percentile, rss
+from tskv._bench.processes import child, percentile, rss, zmq_io_seconds
 from tskv._bench.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
@@ -24,7 +26,7 @@ PROMPT = 2_000  # tokens of the prompt matched while the index applies the strea
 
 
 def _publish_workers(
-    workers: int, seconds: float, rate: int, cached: int, conn: Connection
+    workers: int, seconds: float, rate: int, cached: int, ipc: str | None, conn: Connection
 ) -> None:
     """`workers` publishers in this process, each caching `cached` blocks first (as fast as it
     can), then a small round (10 events of 4 blocks, as many of the oldest removed) `rate`
@@ -35,7 +37,14 @@ def _publish_workers(
         async with trio.open_nursery() as nursery:
             publishers: list[Publisher] = []
             for rank in range(workers):
-                publishers.append(await nursery.start(_one_worker, config, rank))
+                if ipc is not None:  # each worker its own socket files: no rank offset
+                    config = KVEventsConfig(
+                        endpoint=f"ipc://{ipc}/{rank}.pub",
+                        replay_endpoint=f"ipc://{ipc}/{rank}.rep",
+                    )
+                publishers.append(
+                    await nursery.start(_one_worker, config, 0 if ipc is not None else rank)
+                )
             makers = [churn_maker("small", cached, rank) for rank in range(workers)]
             for _ in range(-(-cached // blocks_per_round("small"))):
                 for publisher, make in zip(publishers, makers, strict=True):
@@ -43,17 +52,18 @@ def _publish_workers(
             conn.send([(p.endpoint, p.replay_endpoint) for p in publishers])
             await trio.to_thread.run_sync(conn.recv)  # the routers are ready
             next_round, late = trio.current_time(), 0
-            cpu = time.process_time()
+            cpu, io = time.process_time(), zmq_io_seconds()
             for _ in range(int(seconds * rate)):
                 for publisher, make in zip(publishers, makers, strict=True):
                     await publisher.publish(make())
                 next_round += 1 / rate
                 late += trio.current_time() > next_round
                 await trio.sleep_until(next_round)
-            cpu = (time.process_time() - cpu) / (int(seconds * rate) * workers)
+            batches = int(seconds * rate) * workers
+            cpu, io = (time.process_time() - cpu) / batches, (zmq_io_seconds() - io) / batches
             for publisher, make in zip(publishers, makers, strict=True):
                 await publisher.publish(make())  # so a gap at the very end is noticed
-            conn.send(([p.accepted for p in publishers], late, cpu))
+            conn.send(([p.accepted for p in publishers], late, cpu, io))
             await trio.to_thread.run_sync(conn.recv)
             nursery.cancel_scope.cancel()
 
@@ -75,16 +85,18 @@ def _cached_hashes(published: int, cached: int) -> set[int]:
 
 
 def _router(
-    endpoints: list[tuple[str, str]], processes: int, cached: int, conn: Connection
+    endpoints: list[tuple[str, str]], processes: int, cached: int, nice: int, conn: Connection
 ) -> None:
     """One router: a watcher over every worker. With a prefilled cache it measures the
     bootstrap, then queries while the stream is applied; it reports each worker's last seq and
-    losses, and CPU per batch of its own process and with its readers'."""
+    losses, and CPU per batch of its own process and with its readers' (which inherit `nice`).
+    """
+    os.nice(nice)
 
     async def main() -> None:
         index = PrefixIndex(BLOCK)
         memory = rss()
-        opened = trio.current_time()
+        opened, opened_cpu = trio.current_time(), time.process_time()
         # A publisher serving a 50,000-block snapshot while 63 others in its process do too
         # takes longer than the default 5 s to send its next part; it is busy, not gone.
         timeout = 60.0 if cached else 5.0
@@ -100,6 +112,10 @@ def _router(
                 await watcher.wait_for_seq(rank, -1)  # its snapshot is in: current from here
             bootstrap = starting + trio.current_time() - began
             result: dict[str, Any] = {"bootstrap_s": bootstrap if cached else None}
+            # What the bootstrap cost the router, in every process: the wall time above is
+            # also bound by the publishers' process, every engine's snapshot made on one core.
+            readers_cpu = sum(reader.cpu_seconds for reader in watcher.readers)
+            result["bootstrap_cpu_s"] = time.process_time() - opened_cpu + readers_cpu
             result["stale_after_bootstrap"] = len(index.stale)
             result["indexed_after_bootstrap"] = len(index) / max(len(endpoints) * cached, 1)
             if cached:
@@ -177,13 +193,33 @@ def watch_scale(
     rate: int = 50,
     seconds: float = 5.0,
     cached: int = 0,
+    ipc: bool = False,
+    nice: int = 0,
 ) -> dict[str, Any]:
-    """One run: the publishers, `routers` routers, and what each measured."""
-    with child(_publish_workers, workers, seconds, rate, cached) as publishers:
+    """One run: the publishers, `routers` routers, and what each measured. `ipc`: the workers
+    publish on ipc endpoints (Unix sockets) instead of loopback TCP. `nice`: the routers' and
+    their readers' niceness, so that on a machine with fewer cores than processes they do not
+    take the publishers' process off its core (a fleet's routers run on other machines)."""
+    with ExitStack() as files:
+        folder = files.enter_context(tempfile.TemporaryDirectory()) if ipc else None
+        return _watch_scale(workers, routers, processes, rate, seconds, cached, folder, nice)
+
+
+def _watch_scale(
+    workers: int,
+    routers: int,
+    processes: int,
+    rate: int,
+    seconds: float,
+    cached: int,
+    ipc: str | None,
+    nice: int,
+) -> dict[str, Any]:
+    with child(_publish_workers, workers, seconds, rate, cached, ipc) as publishers:
         endpoints = publishers.recv()
         with ExitStack() as stack:
             conns = [
-                stack.enter_context(child(_router, endpoints, processes, cached))
+                stack.enter_context(child(_router, endpoints, processes, cached, nice))
                 for _ in range(routers)
             ]
             for conn in conns:
@@ -191,7 +227,7 @@ def watch_scale(
             publishers.send("go")
             for conn in conns:
                 conn.send("go")
-            accepted, late, publisher_cpu = publishers.recv()
+            accepted, late, publisher_cpu, publisher_io = publishers.recv()
             for conn in conns:
                 conn.send(accepted)
             answers = [conn.recv() for conn in conns]
@@ -215,4 +251,5 @@ def watch_scale(
         "late_rounds": late,
         "rounds": int(seconds * rate),
         "publisher_cpu_us": publisher_cpu * 1e6,
+        "publisher_io_us": publisher_io * 1e6,  # of publisher_cpu_us: ZeroMQ's I/O thread
     }

@@ -214,12 +214,13 @@ def fleet_section(out: Callable[[str], None]) -> None:
         "(wall / CPU time of the matching thread):\n"
     )
     out(
-        "| rounds/s each | open_watcher to every worker current | stale then / indexed | "
+        "| rounds/s each | open_watcher to every worker current | its CPU, all processes | "
+        "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
         "index process memory a block | readers' | CPU per batch: index process, with readers | "
         "wrong views / losses at the end |"
     )
-    out("|---|---|---|---|---|---|---|---|---|")
+    out("|---|---|---|---|---|---|---|---|---|---|")
     for rate in (50, 5):
         run = watch_scale(64, processes=2, rate=rate, seconds=25, cached=50_000)
         matches = [
@@ -227,19 +228,30 @@ def fleet_section(out: Callable[[str], None]) -> None:
             for blocks in (40, 4)
         ]
         out(
-            f"| {rate} | {run['bootstrap_s']:.1f} s | {run['stale_after_bootstrap']} / "
+            f"| {rate} | {run['bootstrap_s']:.1f} s | {run['bootstrap_cpu_s']:.1f} s | "
+            f"{run['stale_after_bootstrap']} / "
             f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | "
             f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | {run['cpu_us']:.0f} µs, "
             f"{run['total_cpu_us']:.0f} µs | {run['wrong_views']} / {run['losses']} |"
         )
     out("\n## Many routers on one fleet (64 workers, 10 rounds/s each, 1 reader process each)\n")
-    out("| routers | publisher CPU per batch | × one router | behind | losses |")
-    out("|---|---|---|---|---|")
-    one = None
-    for routers in (1, 3):
-        run = watch_scale(64, routers=routers, processes=1, rate=10)
-        one = one or run["publisher_cpu_us"]
-        out(
-            f"| {routers} | {run['publisher_cpu_us']:.0f} µs | {run['publisher_cpu_us'] / one:.2f} "
-            f"| {run['behind']} | {run['losses']} |"
-        )
+    out(
+        "The routers run at niceness 10, so that on a machine with fewer cores than processes "
+        "they do not take the publishers' process off its core (a fleet's routers run on other "
+        "machines); ZeroMQ's I/O thread is where a PUB writes to each subscriber.\n"
+    )
+    out(
+        "| transport | routers | publisher CPU per batch | of it ZeroMQ's I/O thread | "
+        "× one router | behind | losses |"
+    )
+    out("|---|---|---|---|---|---|---|")
+    for ipc in (False, True):
+        one = None
+        for routers in (1, 3):
+            run = watch_scale(64, routers=routers, processes=1, rate=10, ipc=ipc, nice=10)
+            one = one or run["publisher_cpu_us"]
+            out(
+                f"| {'ipc' if ipc else 'tcp loopback'} | {routers} | "
+                f"{run['publisher_cpu_us']:.0f} µs | {run['publisher_io_us']:.0f} µs | "
+                f"{run['publisher_cpu_us'] / one:.2f} | {run['behind']} | {run['losses']} |"
+            )

@@ -39,6 +39,20 @@ def rss(pid: int | None = None) -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def zmq_io_seconds() -> float:
+    """CPU seconds this process's ZeroMQ I/O threads have used (Linux: they are named so): what
+    a PUB's subscribers cost beyond the send itself is spent there."""
+    total = 0
+    for thread in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{thread}/comm") as comm:
+            if not comm.read().startswith("ZMQbg/IO"):
+                continue
+        with open(f"/proc/self/task/{thread}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
     if any(math.isnan(value) for value in values):
         return "n/a (needs msgspec)"
