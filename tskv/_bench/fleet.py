@@ -112,12 +112,7 @@ def _router(
                 await watcher.wait_for_seq(rank, -1)  # its snapshot is in: current from here
             bootstrap = starting + trio.current_time() - began
             result: dict[str, Any] = {"bootstrap_s": bootstrap if cached else None}
-            # What the bootstrap cost the router, in every process: the wall time above is
-            # also bound by the publishers' process, every engine's snapshot made on one core.
-            readers_cpu = sum(reader.cpu_seconds for reader in watcher.readers)
-            result["bootstrap_cpu_s"] = time.process_time() - opened_cpu + readers_cpu
-            result["stale_after_bootstrap"] = len(index.stale)
-            result["indexed_after_bootstrap"] = len(index) / max(len(endpoints) * cached, 1)
+            result.update(_bootstrapped(index, watcher, opened_cpu, len(endpoints) * cached))
             if cached:
                 result["index_bytes"] = (rss() - memory) / len(index)
                 now = [rss(reader.pid) for reader in watcher.readers]
@@ -138,11 +133,9 @@ def _router(
             result["cpu_us"] = (cpu_after - cpu) / applied * 1e6
             result["total_cpu_us"] = (cpu_after - cpu + readers_after - readers_cpu) / applied * 1e6
             if cached:
-                for blocks, (wall, cpu_times) in latencies.items():
+                for blocks, times in latencies.items():
                     result[f"match_{blocks}"] = [
-                        percentile(times, share)
-                        for times in (wall, cpu_times)
-                        for share in (0.5, 0.99)
+                        percentile(kind, share) for kind in times for share in (0.5, 0.99)
                     ]
                 result["indexed_at_end"] = len(index) / (len(endpoints) * cached)
                 result["wrong_views"] = await _wrong_views(watcher, wanted, cached)
@@ -151,6 +144,19 @@ def _router(
             conn.send(result)
 
     trio.run(main)
+
+
+def _bootstrapped(
+    index: PrefixIndex, watcher: Watcher, opened_cpu: float, blocks: int
+) -> dict[str, Any]:
+    """What the bootstrap cost the router in every process (its wall time is also bound by the
+    publishers' process, where every engine's snapshot is made on one core), and its result."""
+    readers_cpu = sum(reader.cpu_seconds for reader in watcher.readers)
+    return {
+        "bootstrap_cpu_s": time.process_time() - opened_cpu + readers_cpu,
+        "stale_after_bootstrap": len(index.stale),
+        "indexed_after_bootstrap": len(index) / max(blocks, 1),
+    }
 
 
 async def _wrong_views(watcher: Watcher, published: list[int], cached: int) -> int:

@@ -192,6 +192,12 @@ def index_section(out: Callable[[str], None]) -> None:
 
 def fleet_section(out: Callable[[str], None]) -> None:
     """One router over a fleet, in the process that owns the index and in reader processes."""
+    _keeping_current(out)
+    _fleet_caches(out)
+    _many_routers(out)
+
+
+def _keeping_current(out: Callable[[str], None]) -> None:
     out("\n## One router keeping the index current (small rounds: 10 events of 4 blocks)\n")
     out(
         "| workers | followed in | rounds/s each | index process CPU per batch | "
@@ -207,6 +213,9 @@ def fleet_section(out: Callable[[str], None]) -> None:
             f"{1e6 / run['cpu_us'] / 200:.0f} | {run['behind']} | {run['losses']} | "
             f"{run['late_rounds']} of {run['rounds']} |"
         )
+
+
+def _fleet_caches(out: Callable[[str], None]) -> None:
     out("\n## A fleet's caches: bootstrap, queries while applying, memory\n")
     out(
         "64 workers × 50,000 cached blocks (3.2M, each worker its own content), publishing small "
@@ -234,6 +243,9 @@ def fleet_section(out: Callable[[str], None]) -> None:
             f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | {run['cpu_us']:.0f} µs, "
             f"{run['total_cpu_us']:.0f} µs | {run['wrong_views']} / {run['losses']} |"
         )
+
+
+def _many_routers(out: Callable[[str], None]) -> None:
     out("\n## Many routers on one fleet (64 workers, 10 rounds/s each, 1 reader process each)\n")
     out(
         "The routers run at niceness 10, so that on a machine with fewer cores than processes "
