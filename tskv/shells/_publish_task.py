@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Sequence
 
 import trio
@@ -55,6 +56,7 @@ class PublishTask:
         self.subscription_change = trio.lowlevel.ParkingLot()
         self._in_hand: list[Queued | None] = []  # what the idle race has taken off the queue
         self._waiting_on_queue: trio.CancelScope | None = None  # idle, watching no socket
+        self._thread = threading.get_ident()  # a ZeroMQ socket is used from one thread only
         # Shielded so the queue still drains when the caller's scope is cancelled; its deadline
         # is set when the block is left, which bounds the drain.
         self._scope = trio.CancelScope(shield=True)
@@ -152,8 +154,8 @@ class PublishTask:
     def count_subscriptions(self) -> None:
         """Count the subscriptions that have arrived, when idle on the queue alone (otherwise
         this task counts them itself: before each batch, and when the socket wakes it)."""
-        if self._waiting_on_queue is not None:  # the socket is open and no task waits on it
-            self._take_subscriptions()
+        if self._waiting_on_queue is not None and threading.get_ident() == self._thread:
+            self._take_subscriptions()  # the socket is open and no task waits on it
 
     def watch_subscriptions(self) -> None:
         """A task is about to wait for a subscription: count what has arrived, and have an

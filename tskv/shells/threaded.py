@@ -31,7 +31,7 @@ from tskv.core.events import KVEventBatch
 from tskv.core.frames import END_FRAME
 from tskv.core.scheduler import foreign_batch
 from tskv.shells._publish_task import Queued
-from tskv.shells._trio_thread import TrioThread
+from tskv.shells._trio_thread import LoopFailedError, TrioThread
 from tskv.shells.publisher import (
     Publisher,
     PublisherClosedError,
@@ -188,7 +188,10 @@ class ZmqEventPublisher(EventPublisher):
     def statistics(self) -> PublisherStatistics:
         """The publisher's statistics, counting batches still being handed over: accepted ==
         published + queued + unsent_at_shutdown holds here too."""
-        stats = self._publisher.statistics()
+        try:  # in the loop's thread, which alone may count subscriptions off the socket
+            stats = self._loop.run_sync(self._publisher.statistics)
+        except (LoopFailedError, trio.RunFinishedError):
+            stats = self._publisher.statistics()  # the loop has ended: its counts are final
         with self._lock:
             handed = len(self._handoff)
         ended = self._loop.failure is not None or self._closed
