@@ -187,7 +187,8 @@ class PublishTask:
             if not self.subscription_change.statistics().tasks_waiting:
                 # No one waits for a subscription, so wait on the queue alone: the race costs
                 # a nursery and two tasks, and a publisher at a scheduler's pace is idle before
-                # every batch. A task that starts waiting for one cancels this (`watch`).
+                # every batch. A task that starts waiting for one cancels this
+                # (`watch_subscriptions`).
                 try:
                     with trio.CancelScope() as self._waiting_on_queue:
                         return await self._queue.receive()
