@@ -20,7 +20,7 @@ import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from itertools import islice
-from typing import Any, cast
+from typing import Any
 
 from tskv.core.events import MMKey
 
@@ -60,14 +60,15 @@ def root_key(lora_name: str | None, cache_salt: str | None = None) -> int:
     return hash((_ROOT, stable(lora_name), stable(cache_salt)))
 
 
-def int_tokens(tokens: Sequence[int | str]) -> tuple[Sequence[int], bool]:
+def int_tokens(tokens: Sequence[Any]) -> tuple[Sequence[int], bool]:
     """The token ids as ints (the sequence itself when they are; a string one as its digest),
-    and whether there was a string among them."""
+    and whether there was a string among them. Typed Any: it runs for every event, and a
+    `cast` is a call."""
     try:
-        sum(cast("Sequence[int]", tokens))  # refuses a string, at C speed
+        sum(tokens)  # refuses a string, at C speed
     except TypeError:
         return tuple(t if type(t) is int else stable(t) for t in tokens), True
-    return cast("Sequence[int]", tokens), False
+    return tokens, False
 
 
 def block_identity(
@@ -101,11 +102,13 @@ def contents(
     (no query can reach it). And whether a token id was a string."""
     ints, strings = int_tokens(tokens)
     whole = min(count, len(ints) // size)
-    found: list[Any] = list(islice(blocks_of(ints, size), whole))
+    blocks = blocks_of(ints, size)  # tokens beyond `count` blocks are no block's: cut them off
+    found: list[Any] = list(blocks if whole == len(ints) // size else islice(blocks, whole))
     if idents is not None:
         pairs = zip(found, idents[:whole], strict=True)
         found = [chunk if ident is None else (chunk, ident) for chunk, ident in pairs]
-    found.extend([None] * (count - whole))
+    if whole < count:
+        found.extend([None] * (count - whole))
     return found, strings
 
 

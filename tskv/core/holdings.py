@@ -12,6 +12,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, cast
 
 from tskv.core.block_keys import chain, root_key
+from tskv.core.events import BlockStored
 from tskv.core.predictions import Predictions
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
@@ -19,9 +20,7 @@ MASK_CACHE = 4096  # masks whose workers are remembered for answers
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
 _ABSENT = -1  # hash() never returns -1, so no key is ever this
 BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
-# A BlockStored as the index stores it: (block_hashes, parent, contents (`block_keys.contents`),
-# medium, lora_name, cache_salt, block_size)
-Stored = Sequence[Any]
+Stored = tuple[BlockStored, list[Any]]  # an event, and its blocks' `block_keys.contents`
 
 
 class _Bits:
@@ -114,7 +113,7 @@ class Holdings:
         any other is stored one event at a time."""
         if not run:
             return
-        if len(run) == 1 and len(run[0][0]) <= FEW_BLOCKS:  # block by block costs less
+        if len(run) == 1 and len(run[0][0].block_hashes) <= FEW_BLOCKS:  # block by block: less
             self.store(view, *run[0])
             run.clear()
             return
@@ -122,11 +121,12 @@ class Holdings:
         ids: list[BlockId] = []  # the run's blocks, in order, and their keys
         keys: list[int | None] = []
         mismatched = 0
-        for hashes, parent, contents, tier, lora_name, cache_salt, block_size in run:
-            mismatched += block_size != size
+        for event, contents in run:
+            mismatched += event.block_size != size
+            parent, tier, hashes = event.parent_block_hash, event.medium, event.block_hashes
             key: int | None
             if parent is None:
-                key = root_key(lora_name, cache_salt)
+                key = root_key(event.lora_name, event.cache_salt)
             else:
                 parent_id = parent if tier is None else (tier, parent)
                 if ids and parent_id == ids[-1]:  # the event before ends where this one starts
@@ -157,31 +157,22 @@ class Holdings:
                 return
             for block_id in ids:  # a block twice in the run: none of them was here before
                 blocks.pop(block_id, None)
-        for event in run:
-            self.store(view, *event)
+        for stored, found in run:
+            self.store(view, stored, found)
         run.clear()
 
-    def store(
-        self,
-        view: _WorkerView,
-        hashes: Sequence[int],
-        parent: int | None,
-        contents: Sequence[Any],
-        tier: str | None,
-        lora_name: str | None,
-        cache_salt: str | None,
-        block_size: int,
-    ) -> None:
-        if block_size != self.block_size:
+    def store(self, view: _WorkerView, event: BlockStored, contents: Sequence[Any]) -> None:
+        if event.block_size != self.block_size:
             self.mismatched += 1  # its tokens cut into other blocks than queries do
         blocks = view.blocks
+        parent, tier, hashes = event.parent_block_hash, event.medium, event.block_hashes
         key: int | None
         if parent is None:
-            key = root_key(lora_name, cache_salt)
+            key = root_key(event.lora_name, event.cache_salt)
         else:
             key = blocks.get(parent if tier is None else (tier, parent))
         keys = chain(key, contents)
-        if keys[-1:] == [None]:
+        if keys and keys[-1] is None:
             self.orphans += keys.count(None)
         ids: Sequence[BlockId] = hashes if tier is None else [(tier, block) for block in hashes]
         holders, bit, extra_refs = self.holders, view.bit, view.extra_refs

@@ -171,8 +171,7 @@ class PrefixIndex:
                     idents = identities(event.extra_keys, event.mm_keys, count)
                 found, strings = contents(event.token_ids, idents, count, size)
                 self._strings = self._strings or strings
-                where = (event.medium, event.lora_name, event.cache_salt, event.block_size)
-                stored.append((event.block_hashes, event.parent_block_hash, found, *where))
+                stored.append((event, found))
                 continue
             holdings.store_run(view, stored)
             if isinstance(event, BlockRemoved):
