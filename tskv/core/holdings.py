@@ -271,26 +271,22 @@ class Holdings:
         else:
             self.release(view, [pop((tier, block), _ABSENT) for block in hashes])
 
-    def clear(self, view: _WorkerView) -> None:
-        if view.mirrored:
-            self.clear_mirrored([view])
-            return
-        self._predictions.forget(view.bit)
-        view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
-        self.release(view, set(view.blocks.values()))
-        view.blocks.clear()
-
-    def clear_mirrored(self, views: Sequence[_WorkerView]) -> None:
-        """Forget what mirrored workers hold: which keys those are is known elsewhere, so
-        every key is looked at, once for all of them."""
-        if not views:
-            return
-        either = 0
+    def clear(self, *views: _WorkerView) -> None:
+        """Forget what the workers hold. Which keys mirrored workers hold is known elsewhere,
+        so for those every key is looked at, once for all of them."""
+        mirrored = 0
         for view in views:
             self._predictions.forget(view.bit)
-            either |= view.bit
-        holders, keep = self.holders, ~either
-        for key in [key for key, mask in holders.items() if mask & either]:
+            if view.mirrored:
+                mirrored |= view.bit
+                continue
+            view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
+            self.release(view, set(view.blocks.values()))
+            view.blocks.clear()
+        if not mirrored:
+            return
+        holders, keep = self.holders, ~mirrored
+        for key in [key for key, mask in holders.items() if mask & mirrored]:
             mask = holders[key] & keep
             if mask:
                 holders[key] = mask

@@ -216,11 +216,9 @@ class PrefixIndex:
     def clear_workers(self, workers: Iterable[Worker]) -> None:
         """`clear_worker` for many at once: for workers whose blocks are kept elsewhere, one
         pass over every key for all of them."""
-        views = [self._holdings.views[w] for w in workers if w in self._holdings.views]
-        self._holdings.clear_mirrored([view for view in views if view.mirrored])
-        for view in views:
-            if not view.mirrored:
-                self._holdings.clear(view)
+        self._holdings.clear(
+            *[self._holdings.views[w] for w in workers if w in self._holdings.views]
+        )
 
     def remove_worker(self, worker: Worker) -> None:
         self._holdings.drop(worker)
