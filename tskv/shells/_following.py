@@ -106,6 +106,9 @@ async def follow(
                     bootstraps.done(turn)
                     await record.room()
                     record.applied(worker, seq, batch)
+                    # Not kept while waiting for the next: a snapshot's events are tens of MB,
+                    # and many workers' waits at once would be that many snapshots.
+                    del batch
         except Exception as exc:  # one worker's failure is its own
             record.failed(worker, f"{type(exc).__name__}: {exc}", backoff)
         finally:
