@@ -154,6 +154,7 @@ def _bootstrapped(
     readers_cpu = sum(reader.cpu_seconds for reader in watcher.readers)
     return {
         "bootstrap_cpu_s": time.process_time() - opened_cpu + readers_cpu,
+        "bootstrap_index_cpu_s": time.process_time() - opened_cpu,
         "stale_after_bootstrap": len(index.stale),
         "indexed_after_bootstrap": len(index) / max(blocks, 1),
     }

@@ -20,6 +20,7 @@ def child(target: Callable[..., None], *args: Any) -> Iterator[Connection]:
     parent, end = context.Pipe()
     process = context.Process(target=target, args=(*args, end))
     process.start()
+    end.close()  # the child's end is the child's alone: if it dies, a recv here fails at once
     try:
         yield parent
     finally:
@@ -68,6 +69,9 @@ def last_endpoint(sock: zmq.Socket[bytes]) -> str:
 
 
 def percentile(values: list[float], share: float) -> float:
-    """The value `share` of the way up the sorted values (0.5: the median, 0.99: p99)."""
+    """The value `share` of the way up the sorted values (0.5: the median, 0.99: p99); NaN
+    when there are none."""
     ordered = sorted(values)
+    if not ordered:
+        return math.nan
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
