@@ -1,7 +1,8 @@
 """How many workers one router keeps current: publisher processes with many workers, each
 publishing small rounds, and routers (each a watcher over every worker, its workers followed in
 the router's process or in reader processes) in processes of their own. Every worker's last seq
-and losses are compared at the end; with a prefilled cache, every worker's blocks too."""
+and losses are compared at the end; with a prefilled cache, every worker's blocks too. Bare
+subscribers, which only receive, show what a subscriber costs the publishers themselves."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import trio
+import zmq
 
 from tskv._bench.processes import child, percentile, rss, zmq_io_seconds
 from tskv._bench.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
@@ -50,7 +52,9 @@ def _publish_workers(
                 for publisher, make in zip(publishers, makers, strict=True):
                     await publisher.publish(make())
             conn.send([(p.endpoint, p.replay_endpoint) for p in publishers])
-            await trio.to_thread.run_sync(conn.recv)  # the routers are ready
+            subscribers = await trio.to_thread.run_sync(conn.recv)  # the routers are ready
+            for publisher in publishers:  # bare subscribers: their subscriptions are in
+                await publisher.wait_for_subscriber(subscribers)
             next_round, late = trio.current_time(), 0
             cpu, io = time.process_time(), zmq_io_seconds()
             for _ in range(int(seconds * rate)):
@@ -193,6 +197,59 @@ async def _ask(
             await trio.sleep(0.001)
 
 
+def _bare_subscriber(endpoints: list[tuple[str, str]], conn: Connection) -> None:
+    """A SUB socket per worker that only counts what arrives: no decoding, no index. What an
+    extra subscriber costs the publishers themselves, apart from the busier machine a router
+    on it makes (this one needs a few percent of a core)."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    poller = zmq.Poller()
+    for endpoint, _ in endpoints:
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        poller.register(sub, zmq.POLLIN)
+    conn.send("ready")
+    received, expected, deadline = 0, None, None
+    while expected is None or received < expected:
+        for sub, _ in poller.poll(100):
+            while sub.poll(0):
+                sub.recv_multipart()
+                received += 1
+        if expected is None and conn.poll(0):  # the publishers are done: this many were sent
+            expected, deadline = conn.recv(), time.monotonic() + 5
+        elif deadline is not None and time.monotonic() > deadline:
+            break  # the rest is lost
+    conn.send(received)
+    context.destroy(linger=0)
+
+
+def subscriber_cost(
+    subscribers: int, ipc: bool, rate: int = 10, seconds: float = 5.0
+) -> dict[str, Any]:
+    """64 workers' publishers and `subscribers` bare subscribers (`_bare_subscriber`): the
+    publishers' CPU and ZeroMQ I/O time per batch, and what each subscriber missed."""
+    with ExitStack() as stack:
+        folder = stack.enter_context(tempfile.TemporaryDirectory()) if ipc else None
+        publishers = stack.enter_context(child(_publish_workers, 64, seconds, rate, 0, folder))
+        endpoints = publishers.recv()
+        conns = [
+            stack.enter_context(child(_bare_subscriber, endpoints)) for _ in range(subscribers)
+        ]
+        for conn in conns:
+            assert conn.recv() == "ready"
+        publishers.send(subscribers)
+        accepted, _, publisher_cpu, publisher_io = publishers.recv()
+        for conn in conns:
+            conn.send(sum(accepted))
+        received = [conn.recv() for conn in conns]
+        publishers.send("done")
+    return {
+        "publisher_cpu_us": publisher_cpu * 1e6,
+        "publisher_io_us": publisher_io * 1e6,
+        "missed": sum(sum(accepted) - got for got in received),
+    }
+
+
 def watch_scale(
     workers: int,
     routers: int = 1,
@@ -231,7 +288,7 @@ def _watch_scale(
             ]
             for conn in conns:
                 assert conn.recv() == "ready"
-            publishers.send("go")
+            publishers.send(0)  # routers subscribe once they are told the workers
             for conn in conns:
                 conn.send("go")
             accepted, late, publisher_cpu, publisher_io = publishers.recv()

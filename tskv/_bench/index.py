@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tskv._bench.fleet import watch_scale
+from tskv._bench.fleet import subscriber_cost, watch_scale
 from tskv._bench.processes import in_fresh_process, percentile
 from tskv._bench.rounds import BLOCK
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
@@ -223,7 +223,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "(wall / CPU time of the matching thread):\n"
     )
     out(
-        "| rounds/s each | open_watcher to every worker current | its CPU, all processes | "
+        "| rounds/s each | open_watcher to every worker current | its CPU: all processes, "
+        "index process | "
         "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
         "index process memory a block | readers' | CPU per batch: index process, with readers | "
@@ -237,7 +238,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
             for blocks in (40, 4)
         ]
         out(
-            f"| {rate} | {run['bootstrap_s']:.1f} s | {run['bootstrap_cpu_s']:.1f} s | "
+            f"| {rate} | {run['bootstrap_s']:.1f} s | {run['bootstrap_cpu_s']:.1f} s, "
+            f"{run['bootstrap_index_cpu_s']:.1f} s | "
             f"{run['stale_after_bootstrap']} / "
             f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | "
             f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | {run['cpu_us']:.0f} µs, "
@@ -253,17 +255,31 @@ def _many_routers(out: Callable[[str], None]) -> None:
         "machines); ZeroMQ's I/O thread is where a PUB writes to each subscriber.\n"
     )
     out(
-        "| transport | routers | publisher CPU per batch | of it ZeroMQ's I/O thread | "
-        "× one router | behind | losses |"
+        "Bare subscribers only receive (a SUB socket per worker, nothing decoded): what each "
+        "subscriber costs the publishers themselves, without the busier machine a router makes.\n"
+    )
+    out(
+        "| transport | subscribers | publisher CPU per batch | of it ZeroMQ's I/O thread | "
+        "× one | behind | losses |"
     )
     out("|---|---|---|---|---|---|---|")
     for ipc in (False, True):
+        transport = "ipc" if ipc else "tcp loopback"
         one = None
         for routers in (1, 3):
             run = watch_scale(64, routers=routers, processes=1, rate=10, ipc=ipc, nice=10)
             one = one or run["publisher_cpu_us"]
             out(
-                f"| {'ipc' if ipc else 'tcp loopback'} | {routers} | "
+                f"| {transport} | {routers} router{'s' * (routers > 1)} | "
                 f"{run['publisher_cpu_us']:.0f} µs | {run['publisher_io_us']:.0f} µs | "
                 f"{run['publisher_cpu_us'] / one:.2f} | {run['behind']} | {run['losses']} |"
+            )
+        one = None
+        for subscribers in (1, 3):
+            bare = subscriber_cost(subscribers, ipc)
+            one = one or bare["publisher_cpu_us"]
+            out(
+                f"| {transport} | {subscribers} bare | {bare['publisher_cpu_us']:.0f} µs | "
+                f"{bare['publisher_io_us']:.0f} µs | {bare['publisher_cpu_us'] / one:.2f} | "
+                f"n/a | {bare['missed']} |"
             )
