@@ -318,8 +318,8 @@ class _KeepingRecord:
 
 async def test_a_quiet_workers_task_does_not_keep_the_snapshot_it_applied() -> None:
     """A snapshot's events are tens of MB: kept until the worker's next batch, a bootstrap of
-    many quiet workers held many at once (a reader's memory grew 450-740 bytes a block
-    where 270 stay)."""
+    many quiet workers held many at once (a reader's memory grew 826-850 bytes a block
+    where 257-259 stay)."""
     config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
     record = _KeepingRecord()
     async with tskv.open_publisher(config) as publisher:

@@ -53,8 +53,9 @@ def _publish_workers(
                     await publisher.publish(make())
             conn.send([(p.endpoint, p.replay_endpoint) for p in publishers])
             subscribers = await trio.to_thread.run_sync(conn.recv)  # the routers are ready
-            for publisher in publishers:  # bare subscribers: their subscriptions are in
-                await publisher.wait_for_subscriber(subscribers)
+            with trio.fail_after(30):  # a subscriber that never came fails the run
+                for publisher in publishers:  # bare subscribers: their subscriptions are in
+                    await publisher.wait_for_subscriber(subscribers)
             next_round, late = trio.current_time(), 0
             cpu, io = time.process_time(), zmq_io_seconds()
             for _ in range(int(seconds * rate)):
