@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tskv._bench.fleet import subscriber_cost, watch_scale
+from tskv._bench.fleet import PROMPT, subscriber_cost, watch_scale
 from tskv._bench.processes import in_fresh_process, percentile
 from tskv._bench.rounds import BLOCK
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
@@ -188,6 +188,70 @@ def index_section(out: Callable[[str], None]) -> None:
         )
     per_block = in_fresh_process(_index_memory, 100_000)
     out(f"\nIndex memory (tracemalloc, 100,000 blocks, 64 workers): {per_block:,.0f} B per block")
+    _long_prompt_section(out, llm)
+
+
+FLEET_BLOCKS = 50_000  # each worker's cache in the long-prompt comparison: 3.2M in all
+CHAIN = 40  # blocks a cached request stored, one event each
+
+
+def _fleet_events() -> Iterator[tuple[int, BlockStored]]:
+    """Every worker's 50,000 blocks as 40-block requests of their own content (token ids made
+    by counting: 51M random ones would take longer than the measurement)."""
+    for worker in range(WORKERS):
+        for chain in range(FLEET_BLOCKS // CHAIN):
+            first = (worker * FLEET_BLOCKS + chain * CHAIN) * BLOCK + 1_000
+            hashes = list(range(first, first + CHAIN))
+            yield (
+                worker,
+                BlockStored(hashes, None, list(range(first, first + CHAIN * BLOCK)), BLOCK),
+            )
+
+
+def _long_prompts(held: int, count: int) -> list[list[int]]:
+    """2,000-token prompts whose first `held` blocks some worker holds, the rest new."""
+    ask = random.Random(held)
+    prompts = []
+    for _ in range(count):
+        worker, chain = ask.randrange(WORKERS), ask.randrange(FLEET_BLOCKS // CHAIN)
+        first = (worker * FLEET_BLOCKS + chain * CHAIN) * BLOCK + 1_000
+        fresh = ask.randrange(1 << 28, 1 << 31)  # above every cached token id, and a u32
+        prompts.append(
+            list(range(first, first + held * BLOCK))
+            + list(range(fresh, fresh + PROMPT - held * BLOCK))
+        )
+    return prompts
+
+
+def _long_prompt_side(dynamo_side: bool, conn: Connection) -> None:
+    """One side's query latency for 2,000-token prompts at 3.2M cached blocks (fresh process:
+    the other side's memory is not in the way)."""
+    side: Any = DynamoSide(dynamo()) if dynamo_side else TskvSide()
+    for worker, event in _fleet_events():
+        side.apply(worker, event)
+    gc.collect()
+    answers = []
+    for held in (CHAIN, 4):
+        latencies = []
+        for tokens in _long_prompts(held, 2_000):
+            began = time.perf_counter()
+            side.match(tokens)
+            latencies.append(time.perf_counter() - began)
+        answers += [percentile(latencies, 0.5) * 1e6, percentile(latencies, 0.99) * 1e6]
+    conn.send(answers)
+
+
+def _long_prompt_section(out: Callable[[str], None], llm: Any | None) -> None:
+    out(
+        "\nA 2,000-token prompt at 64 × 50,000 cached blocks (3.2M, 40-block requests, each "
+        "worker its own content), the index alone (the fleet section has ours under a stream):\n"
+    )
+    out("| index | 40 blocks held: p50 / p99 | 4 blocks held: p50 / p99 |")
+    out("|---|---|---|")
+    for dynamo_side in (False, True) if llm is not None else (False,):
+        p50, p99, short_p50, short_p99 = in_fresh_process(_long_prompt_side, dynamo_side)
+        name = DynamoSide.name if dynamo_side else TskvSide.name
+        out(f"| {name} | {p50:.1f} / {p99:.1f} µs | {short_p50:.1f} / {short_p99:.1f} µs |")
 
 
 def fleet_section(out: Callable[[str], None]) -> None:
