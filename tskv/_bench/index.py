@@ -120,6 +120,16 @@ class DynamoSide:
         return self.tree.find_matches(self.hash_tokens(tokens, BLOCK))
 
 
+def _timed_matches(side: Any, asks: list[list[int]]) -> tuple[list[float], list[Any]]:
+    """Each query's wall time (seconds) and answer."""
+    latencies, results = [], []
+    for tokens in asks:
+        began = time.perf_counter()
+        results.append(side.match(tokens))
+        latencies.append(time.perf_counter() - began)
+    return latencies, results
+
+
 def _measure_side(make: Callable[[], Any], blocks: int) -> dict[str, float]:
     side = make()
     events = list(stored_events(blocks))
@@ -128,14 +138,8 @@ def _measure_side(make: Callable[[], Any], blocks: int) -> dict[str, float]:
     for worker, event in events:
         side.apply(worker, event)
     applied = time.perf_counter() - started
-    asks = queries(1000)
-    latencies = []
-    matched = 0
-    for tokens in asks:
-        began = time.perf_counter()
-        result = side.match(tokens)
-        latencies.append(time.perf_counter() - began)
-        matched += bool(len(result.scores) if hasattr(result, "scores") else len(result))
+    latencies, results = _timed_matches(side, queries(1000))
+    matched = sum(bool(len(r.scores) if hasattr(r, "scores") else len(r)) for r in results)
     return {
         "events_per_s": len(events) / applied,
         "blocks_per_s": 4 * len(events) / applied,
@@ -195,12 +199,18 @@ FLEET_BLOCKS = 50_000  # each worker's cache in the long-prompt comparison: 3.2M
 CHAIN = 40  # blocks a cached request stored, one event each
 
 
+def _first_token(worker: int, chain: int) -> int:
+    """The first token id of `worker`'s `chain`-th cached request (ids above 256, no two
+    requests alike)."""
+    return (worker * FLEET_BLOCKS + chain * CHAIN) * BLOCK + 1_000
+
+
 def _fleet_events() -> Iterator[tuple[int, BlockStored]]:
     """Every worker's 50,000 blocks as 40-block requests of their own content (token ids made
     by counting: 51M random ones would take longer than the measurement)."""
     for worker in range(WORKERS):
         for chain in range(FLEET_BLOCKS // CHAIN):
-            first = (worker * FLEET_BLOCKS + chain * CHAIN) * BLOCK + 1_000
+            first = _first_token(worker, chain)
             hashes = list(range(first, first + CHAIN))
             yield (
                 worker,
@@ -213,8 +223,7 @@ def _long_prompts(held: int, count: int) -> list[list[int]]:
     ask = random.Random(held)
     prompts = []
     for _ in range(count):
-        worker, chain = ask.randrange(WORKERS), ask.randrange(FLEET_BLOCKS // CHAIN)
-        first = (worker * FLEET_BLOCKS + chain * CHAIN) * BLOCK + 1_000
+        first = _first_token(ask.randrange(WORKERS), ask.randrange(FLEET_BLOCKS // CHAIN))
         fresh = ask.randrange(1 << 28, 1 << 31)  # above every cached token id, and a u32
         prompts.append(
             list(range(first, first + held * BLOCK))
@@ -232,11 +241,7 @@ def _long_prompt_side(dynamo_side: bool, conn: Connection) -> None:
     gc.collect()
     answers = []
     for held in (CHAIN, 4):
-        latencies = []
-        for tokens in _long_prompts(held, 2_000):
-            began = time.perf_counter()
-            side.match(tokens)
-            latencies.append(time.perf_counter() - began)
+        latencies, _ = _timed_matches(side, _long_prompts(held, 2_000))
         answers += [percentile(latencies, 0.5) * 1e6, percentile(latencies, 0.99) * 1e6]
     conn.send(answers)
 
