@@ -14,6 +14,7 @@ from tskv.core.sequencer import (
     RequestSnapshot,
     Sequencer,
     Silence,
+    SnapshotTooLarge,
 )
 
 
@@ -462,6 +463,36 @@ def test_a_snapshot_with_a_part_missing_is_not_delivered_and_the_hole_is_reporte
     s.snapshot_part(2, 9, 0, b"part0")
     s.snapshot_part(2, 9, 2, b"part2")  # part 1 never came
     assert s.replay_ended(2) == [Loss(1, 4, LossReason.UNDECODABLE), RequestReplay(5, 3)]
+
+
+def test_a_snapshot_over_the_limit_is_given_up_at_the_part_that_passes_it() -> None:
+    """Kept, the parts of a publisher that never ends its snapshot would grow without bound:
+    the part that passes the limit ends it, the hole is reported, and the rest is ignored."""
+    s = Sequencer(has_replay=True, max_snapshot_bytes=10)
+    repair_until_evicted(s)
+    assert s.snapshot_part(2, 9, 0, b"12345") == []
+    assert s.snapshot_part(2, 9, 1, b"12345") == []  # 10 bytes: at the limit, not over it
+    actions = s.snapshot_part(2, 9, 2, b"1")
+    assert actions == [SnapshotTooLarge(11), Loss(1, 4, LossReason.TOO_LARGE), RequestReplay(5, 3)]
+    assert s.snapshot_part(2, 9, 3, b"more") == [] and s.replay_ended(2) == []
+    assert delivered(s.replayed(3, 5, p(5))) == [5]
+    assert s.replay_ended(3) == [RequestReplay(5, 4)]  # 6..9 missing: progress, so again
+    # nothing for them now; the next snapshot would be as large, so none is asked for
+    actions = s.replay_ended(4)
+    assert actions == [Loss(6, 9, LossReason.EVICTED), Deliver(10, p(10), False)]
+
+
+def test_a_snapshot_bootstrap_over_the_limit_falls_back_to_replay() -> None:
+    s = Sequencer(has_replay=True, start_seq="snapshot", max_snapshot_bytes=3)
+    s.start()
+    s.live(3, p(3))
+    assert s.snapshot_part(1, 3, 0, b"big!") == [SnapshotTooLarge(4), RequestReplay(0, 2)]
+    actions = s.replayed(2, 2, p(2))  # the buffer starts at 2, and no snapshot restores 0..1
+    assert actions == [
+        Loss(0, 1, LossReason.EVICTED),
+        Deliver(2, p(2), True),
+        Deliver(3, p(3), False),
+    ]
 
 
 def test_quiet_with_nothing_delivered_or_no_replay_asks_nothing() -> None:

@@ -152,6 +152,27 @@ def test_ctrl_c_ends_cleanly_with_a_summary() -> None:
     assert "Traceback" not in err
 
 
+def test_a_snapshot_over_max_snapshot_bytes_is_given_up_for_replay_and_says_why() -> None:
+    publisher = ZmqEventPublisher(0, endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=5)
+    try:
+        for n in range(20):
+            publisher.publish(KVEventBatch(float(n), [BlockStored([n], None, [n] * 4, 4)]))
+        deadline = time.monotonic() + 20
+        while publisher.statistics().published < 20:  # sync test: poll the counter
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        args = ["--replay", str(publisher.replay_endpoint), "--from", "snapshot", "--count", "5"]
+        done = run_listen(publisher.endpoint, *args, "--max-snapshot-bytes", "60")
+    finally:
+        publisher.shutdown()
+    lines = done.stdout.splitlines()
+    assert lines[0] == "!! lost seq 0..14 (evicted)"  # what replay no longer has
+    assert [line.split()[0] for line in lines[1:]] == [f"seq={n}" for n in range(15, 20)]
+    assert "over max_snapshot_bytes = 60" in done.stderr and done.returncode == 0
+    refused = run_listen("tcp://127.0.0.1:1", "--max-snapshot-bytes", "0")
+    assert refused.returncode == 2 and "--max-snapshot-bytes" in refused.stderr
+
+
 def test_bad_endpoint_exits_2_with_a_clear_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tskv", "listen", "localhost:5557"], capture_output=True, text=True

@@ -32,7 +32,7 @@ from tskv._cli.options import (
     trace_flags,
     weight,
 )
-from tskv.core.config import did_you_mean
+from tskv.core.config import SubscriberConfig, did_you_mean
 
 COMMANDS: dict[str, ModuleType] = {
     "listen": listen,
@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start.add_argument(
         "--from-seq", dest="start", type=non_negative, metavar="SEQ", help="the same as --from SEQ"
+    )
+    listen.add_argument(
+        "--max-snapshot-bytes",
+        type=positive,
+        default=SubscriberConfig().max_snapshot_bytes,
+        metavar="N",
+        help="give up a snapshot larger than this, reporting what it would restore as lost "
+        "(default %(default)s: about 3.5M blocks of 16 tokens)",
     )
     listen.add_argument("--json", action="store_true", help="one JSON object per line")
     listen.add_argument(

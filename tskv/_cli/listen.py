@@ -26,6 +26,7 @@ from tskv.core.events import (
     event_fields,
 )
 from tskv.core.losses import Loss
+from tskv.core.sequencer import MAX_SNAPSHOT_BYTES
 from tskv.shells._reachability import unreachable_reason
 from tskv.shells.subscriber import Subscriber, open_subscriber
 
@@ -182,6 +183,7 @@ async def listen(
     curve_server_key: str | None = None,
     curve_secret_key: str | None = None,
     summary_to: TextIO | None = None,
+    max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
 ) -> None:
     """Print every batch until cancelled (or `limit` batches); the summary goes to `summary_to`
     however it ends. A listener that binds (a `*` in its endpoint) says where, there too."""
@@ -197,6 +199,7 @@ async def listen(
         on_loss=on_loss,
         curve_server_key=curve_server_key,
         curve_secret_key=curve_secret_key,
+        max_snapshot_bytes=max_snapshot_bytes,
     ) as sub:
         if summary_to is not None and sub.endpoint != endpoint:
             print(f"tskv listen: bound to {sub.endpoint}", file=summary_to, flush=True)
@@ -244,6 +247,7 @@ async def main(args: argparse.Namespace) -> int:
                     curve_server_key=args.curve_server_key,
                     curve_secret_key=args.curve_secret_key,
                     summary_to=sys.stderr,
+                    max_snapshot_bytes=args.max_snapshot_bytes,
                 )
             nursery.cancel_scope.cancel()
     return 0

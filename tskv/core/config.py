@@ -16,6 +16,7 @@ import attrs
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.errors import TskvError, Warn, python_warning
+from tskv.core.sequencer import MAX_SNAPSHOT_BYTES
 from tskv.core.wire_format import WIRE_FORMATS, Layout, WireFormat, layout
 
 Validator = Any  # attrs' validator protocol, too loose to spell usefully
@@ -245,6 +246,7 @@ class SubscriberConfig:
     replay_timeout: float = attrs.field(default=5.0, validator=_number(0, above=True))
     hwm: int = attrs.field(default=100_000, validator=_integer(0))
     max_held: int = attrs.field(default=10_000, validator=_integer(1))
+    max_snapshot_bytes: int = attrs.field(default=MAX_SNAPSHOT_BYTES, validator=_integer(1))
     quiet_interval: float | None = attrs.field(default=2.0, validator=_check_quiet_interval)
     warn_unanswered_after: float = attrs.field(default=5.0, validator=_number(0, above=True))
     # the key files are read, and their errors raised, when the subscriber opens

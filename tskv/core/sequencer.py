@@ -34,6 +34,7 @@ from tskv.core.losses import Loss, LossReason
 
 MAX_HELD = 10_000  # live batches held while a gap is repaired; later ones are fetched again
 MAX_GAP = 2**32  # a forward jump larger than this is a discontinuity, not a loss of 4e9 batches
+MAX_SNAPSHOT_BYTES = 256 << 20  # a snapshot's parts, gathered: ~3.5M blocks of 16 tokens
 
 
 class Deliver(NamedTuple):  # one per batch: a tuple is the cheapest value to make
@@ -73,7 +74,17 @@ class Silence:
     last_seq: int | None  # the last seq delivered before (or after) the silence
 
 
-Action = Deliver | DeliverSnapshot | Loss | RequestReplay | RequestSnapshot | Silence
+@attrs.frozen
+class SnapshotTooLarge:
+    """A snapshot's parts passed `max_snapshot_bytes` (at `size` bytes): it was given up, and
+    no more are asked for (the next would be as large). What it would restore is lost."""
+
+    size: int
+
+
+Action = (
+    Deliver | DeliverSnapshot | Loss | RequestReplay | RequestSnapshot | Silence | SnapshotTooLarge
+)
 
 
 @attrs.frozen
@@ -98,15 +109,20 @@ class Snapshotting:
     request_id: int
     bootstrap: bool  # the consumer asked to start from a snapshot (start_seq="snapshot")
     resumes_at: int | None  # where replay went on after what it no longer held (None: unknown)
+    limit: int  # bytes its parts may come to (`Sequencer`'s max_snapshot_bytes)
     parts: list[bytes] = attrs.Factory(list)
     next_seq: int = 0  # the seq the snapshot's state is before
     broken: bool = False  # a part was missing or came from another snapshot
+    size: int = 0  # bytes of the parts so far
 
-    def add(self, next_seq: int, index: int, payload: bytes) -> None:
+    def add(self, next_seq: int, index: int, payload: bytes) -> bool:
+        """Keep a part; False when the parts are now over the limit."""
         if index != len(self.parts) or (self.parts and next_seq != self.next_seq):
             self.broken = True
         self.next_seq = next_seq
+        self.size += len(payload)
         self.parts.append(payload)
+        return self.size <= self.limit
 
 
 State = Idle | Replaying | Snapshotting
@@ -117,9 +133,10 @@ class Asking:
     """The request under way, if any (`state`), and the request ids that tell a reply to it
     from a reply to one given up on."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
         self.state: State = IDLE
         self.last_id = 0  # each request gets the next
+        self.max_snapshot_bytes = max_snapshot_bytes
 
     def replay(self, expected: int, seen_last: bool, probe: bool = False) -> RequestReplay:
         """Ask for what follows `expected - 1`. A request starts one seq early, at the last
@@ -133,7 +150,7 @@ class Asking:
 
     def snapshot(self, resumes_at: int | None = None, bootstrap: bool = False) -> RequestSnapshot:
         self.last_id += 1
-        self.state = Snapshotting(self.last_id, bootstrap, resumes_at)
+        self.state = Snapshotting(self.last_id, bootstrap, resumes_at, self.max_snapshot_bytes)
         return RequestSnapshot(self.last_id)
 
     def current(self, request_id: int) -> Replaying | Snapshotting | None:
@@ -317,6 +334,7 @@ class Sequencer:
         snapshots: bool = True,
         max_held: int = MAX_HELD,
         max_gap: int = MAX_GAP,
+        max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
     ) -> None:
         self.has_replay = has_replay
         self.snapshots = snapshots  # repair what replay no longer holds from a snapshot
@@ -324,7 +342,7 @@ class Sequencer:
         self._start_from_snapshot = start_seq == "snapshot"
         # a snapshot bootstrap holds every live batch until the snapshot is in
         self.order = Order(0 if start_seq == "snapshot" else start_seq, max_held)
-        self.asking = Asking()
+        self.asking = Asking(max_snapshot_bytes)
         self.silent = False  # a probe went unanswered, and nothing has been heard since
 
     def start(self) -> list[Action]:
@@ -420,13 +438,18 @@ class Sequencer:
     def snapshot_part(
         self, request_id: int, next_seq: int, index: int, payload: bytes
     ) -> list[Action]:
-        """One part of the snapshot asked for, kept until the end marker; never any actions.
-        A part out of order, or from another snapshot, spoils the snapshot."""
+        """One part of the snapshot asked for, kept until the end marker (no actions) unless
+        the parts pass `max_snapshot_bytes`, as a publisher's that never ends them would: then
+        `SnapshotTooLarge`, and on as `_snapshot_failed` says. A part out of order spoils it."""
         state = self.asking.current(request_id)
-        if isinstance(state, Snapshotting):
-            self.silent = False  # a part is an answer; the end marker reports it
-            state.add(next_seq, index, payload)
-        return []
+        if not isinstance(state, Snapshotting):
+            return []
+        self.silent = False  # a part is an answer; the end marker reports it
+        if state.add(next_seq, index, payload):
+            return []
+        self.asking.take(request_id)  # the rest of its parts are ignored, and none asked again
+        self.snapshots = False
+        return [SnapshotTooLarge(state.size), *self._snapshot_failed(state, LossReason.TOO_LARGE)]
 
     def replay_ended(self, request_id: int) -> list[Action]:
         """The current request's end marker. Returns `Silence(False)` first if the publisher was

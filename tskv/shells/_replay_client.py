@@ -18,9 +18,12 @@ from tskv.shells._trio_zmq import TrioSocket, attach
 
 logger = logging.getLogger(__name__)
 
+SUPERSEDED_EVERY = 64  # replies between two looks for a newer request (a look costs µs)
+
 
 class ReplayClient:
-    """Owns the DEALER; a timed-out request's socket is replaced, so late replies die with it."""
+    """Owns the DEALER; the socket of a request that timed out, or that a newer one superseded,
+    is replaced, so late replies die with it."""
 
     def __init__(
         self,
@@ -57,6 +60,11 @@ class ReplayClient:
     def close(self) -> None:
         self._dealer.close()
 
+    def _renew(self) -> None:
+        """A new socket, so a new identity: late replies to what was given up die with the old."""
+        self._dealer.close()
+        self._dealer = self._open()
+
     @trio.lowlevel.enable_ki_protection
     async def run(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
         async for request in requests:
@@ -70,11 +78,18 @@ class ReplayClient:
         await self._dealer.send(asking)
         probe = isinstance(request, RequestReplay) and request.probe
         attempt = ReplayAttempt(self._endpoint, self._timeout, probe, self._probe_timeout)
+        taken = 0
         while True:
             with trio.move_on_after(attempt.wait) as waiting:
                 message = await self._dealer.receive()
             if waiting.cancelled_caught:
                 await self._give_up(request, attempt.timed_out())
+                return
+            taken += 1
+            if taken % SUPERSEDED_EVERY == 0 and requests.statistics().current_buffer_used:
+                # The sequencer has moved on (a restart, a snapshot over its limit): this
+                # reply could go on for as long as the publisher likes, and is no use now.
+                self._renew()
                 return
             try:
                 reply = frames.parse_replay_reply(message)
@@ -106,6 +121,5 @@ class ReplayClient:
         if decision.warning is not None:
             logger.warning("%s", decision.warning)
         if decision.new_socket:
-            self._dealer.close()
-            self._dealer = self._open()
+            self._renew()
         await self._inbox.send(ReplayFailed(request.request_id, decision.reason))

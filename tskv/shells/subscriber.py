@@ -27,12 +27,14 @@ from tskv.core.events import KVEvent, KVEventBatch, UnknownEvent
 from tskv.core.losses import Loss, LossCounts, LossReason
 from tskv.core.sequencer import (
     MAX_HELD,
+    MAX_SNAPSHOT_BYTES,
     Action,
     Deliver,
     DeliverSnapshot,
     RequestReplay,
     Sequencer,
     Silence,
+    SnapshotTooLarge,
 )
 from tskv.curve.security import ClientSecurity
 from tskv.shells._background import Pacer, background_tasks
@@ -273,6 +275,15 @@ class Subscriber(metaclass=NoPublicConstructor):
         for action in actions:
             if isinstance(action, (Deliver, DeliverSnapshot, Loss, Silence)):
                 self._ready.append(action)
+            elif isinstance(action, SnapshotTooLarge):
+                logger.warning(
+                    "the snapshot from %s is over max_snapshot_bytes = %d (%d bytes so far): "
+                    "given up, and no more are asked for (what they would restore is reported "
+                    "lost); raise max_snapshot_bytes if the publisher's cache is that large",
+                    self.endpoint,
+                    self.config.max_snapshot_bytes,
+                    action.size,
+                )
             else:
                 self._replay_requests += 1
                 self._probes += isinstance(action, RequestReplay) and action.probe
@@ -349,6 +360,7 @@ async def open_subscriber(
     replay_timeout: float = 5.0,
     hwm: int = 100_000,
     max_held: int = MAX_HELD,
+    max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
     quiet_interval: float | None = 2.0,
     on_silence: Callable[[bool], object] | None = None,
     warn_unanswered_after: float = 5.0,
@@ -376,6 +388,10 @@ async def open_subscriber(
       hwm: the SUB socket's receive high-water mark.
       max_held: live batches held while a gap is repaired (later ones are fetched from replay
         once it drains, or reported lost when replay has them no more).
+      max_snapshot_bytes: a snapshot larger than this (its parts as they arrive) is given up,
+        with a warning, and none is asked for again: a repair's hole is reported as TOO_LARGE,
+        a bootstrap goes on from replay. The default, 256 MiB, is about 3.5M blocks of 16
+        tokens (75 B each on the wire); decoded, a snapshot takes several times that.
       quiet_interval: with a replay endpoint, a stream quiet this long is probed (None: never):
         batches lost at the very end, and a publisher that restarted and went quiet, are found
         out; a probe unanswered for as long again means the publisher is silent.
@@ -401,6 +417,7 @@ async def open_subscriber(
         replay_timeout=replay_timeout,
         hwm=hwm,
         max_held=max_held,
+        max_snapshot_bytes=max_snapshot_bytes,
         quiet_interval=quiet_interval,
         warn_unanswered_after=warn_unanswered_after,
         curve_server_key=curve_server_key,
@@ -432,7 +449,11 @@ async def subscribe(
         security = ClientSecurity.from_files(config.curve_server_key, config.curve_secret_key)
     has_replay = replay_endpoint is not None
     sequencer = Sequencer(
-        has_replay, config.start_seq, snapshots=config.snapshots, max_held=config.max_held
+        has_replay,
+        config.start_seq,
+        snapshots=config.snapshots,
+        max_held=config.max_held,
+        max_snapshot_bytes=config.max_snapshot_bytes,
     )
     first_actions = sequencer.start()
     context = context or zmq.Context.instance()
@@ -502,5 +523,11 @@ def _replay_client(
     timeout = config.replay_timeout
     probe_timeout = min(timeout, config.quiet_interval or timeout)  # a probe waits one interval
     return ReplayClient(
-        context, endpoint, timeout, inbox, security, probe_timeout, config.topic.encode()
+        context,
+        endpoint,
+        timeout,
+        inbox,
+        security,
+        probe_timeout,
+        config.topic.encode(),
     )

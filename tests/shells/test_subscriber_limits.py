@@ -1,0 +1,111 @@
+"""Whatever a publisher's snapshot holds, a subscriber's memory stays bounded and it goes on: a
+snapshot over `max_snapshot_bytes` is given up, and one that never ends too."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+import zmq
+
+import tskv
+from tests.zmq_helpers import LOOPBACK, raw_socket
+from tskv import BlockStored, KVEventBatch, Loss, LossReason
+from tskv.core import frames
+from tskv.shells._trio_zmq import TrioSocket
+
+
+def stored(n: int) -> list[tskv.KVEvent]:
+    return [BlockStored([n], n - 1 if n else None, [n] * 16, 16)]
+
+
+def payload(n: int) -> bytes:
+    return tskv.encode_batch(KVEventBatch(1.0, stored(n)))
+
+
+async def first(sub: tskv.Subscriber, count: int) -> AsyncIterator[tuple[int, KVEventBatch]]:
+    """The subscriber's next `count` batches, or a failure after 30 s."""
+    with trio.fail_after(30):
+        async for item in sub:
+            yield item
+            count -= 1
+            if not count:
+                return
+
+
+def warned(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in record.getMessage() for record in caplog.records)
+
+
+async def test_a_snapshot_over_the_limit_is_given_up_for_replay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=10)
+    losses: list[Loss] = []
+    async with tskv.open_publisher(config) as publisher:
+        for n in range(30):
+            await publisher.publish(stored(n))
+        await trio.testing.wait_all_tasks_blocked()
+        with caplog.at_level(logging.WARNING, logger="tskv"):
+            async with tskv.open_subscriber(
+                publisher.endpoint,
+                publisher.replay_endpoint,
+                start_seq="snapshot",
+                on_loss=losses.append,
+                max_snapshot_bytes=100,  # 30 cached blocks take more
+            ) as sub:
+                seqs = [seq async for seq, _ in first(sub, 10)]
+                stats = sub.statistics()
+    assert seqs == list(range(20, 30)) and losses == [Loss(0, 19, LossReason.EVICTED)]
+    assert stats.snapshots == 0 and warned(caplog, "over max_snapshot_bytes = 100")
+
+
+async def _endless_snapshots(router: TrioSocket, buffered: list[bytes]) -> None:
+    """A replay endpoint whose snapshots never end (broken, or hostile): part after part, until
+    the client is gone. Replays are answered from `buffered`, from seq 0."""
+    client = None
+    index = 0
+    while True:
+        if client is not None:
+            try:
+                router.send_nowait(frames.snapshot_part(client, 5, index, b"\x90" * 1000))
+                index += 1
+            except trio.WouldBlock:
+                pass
+            except zmq.ZMQError:  # EHOSTUNREACH: the client left
+                client = None
+        try:
+            message = router.receive_nowait()
+        except trio.WouldBlock:
+            await trio.sleep(0.001 if client is None else 0)
+            continue
+        asker, start = frames.parse_replay_request(message)
+        if start is None:
+            client, index = asker, 0
+            continue
+        for seq, body in enumerate(buffered):
+            await router.send(frames.replay_reply(asker, seq, body, None))
+        await router.send(frames.replay_end(asker, None))
+
+
+async def test_a_snapshot_that_never_ends_is_given_up_and_delivery_goes_on() -> None:
+    """Kept, its parts would grow the subscriber without bound; at the limit it is given up,
+    its reply abandoned (the socket replaced), and the bootstrap goes on from replay."""
+    async with (
+        raw_socket(zmq.PUB, LOOPBACK, bind=True) as pub,
+        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as router,
+        trio.open_nursery() as nursery,
+    ):
+        router.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        nursery.start_soon(_endless_snapshots, router, [payload(n) for n in range(5)])
+        endpoint = pub.sock.last_endpoint.decode()
+        replay = router.sock.last_endpoint.decode()
+        async with tskv.open_subscriber(
+            endpoint, replay, start_seq="snapshot", max_snapshot_bytes=50_000
+        ) as sub:
+            seqs = [seq async for seq, _ in first(sub, 5)]
+        nursery.cancel_scope.cancel()
+    assert seqs == [0, 1, 2, 3, 4]
