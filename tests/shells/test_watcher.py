@@ -122,6 +122,35 @@ async def test_a_hole_is_repaired_from_a_snapshot_and_the_worker_is_whole_again(
     assert index.match([1, 1, 4, 4]) == {"w": 2} and not index.stale
 
 
+async def test_a_snapshot_over_the_limit_leaves_the_hole_reported_and_the_worker_stale(
+    processes: int,
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    """The limit holds in the reader processes too (there it is the reader that gathers): the
+    bootstrap's snapshot is over it, so no snapshot is asked for again and the hole stays."""
+    index = tskv.PrefixIndex(2)
+    losses: list[tuple[object, tskv.Loss]] = []
+    async with tskv.open_watcher(
+        index,
+        processes=processes,
+        on_loss=lambda w, loss: losses.append((w, loss)),
+        max_snapshot_bytes=10,
+    ) as watcher:
+        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
+        with trio.fail_after(10):
+            await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.send([BlockStored([1], None, [1, 1], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 0)
+        tskv_scripted.skip(2)  # gone from the buffer; a snapshot would have them
+        tskv_scripted.send([BlockStored([4], 1, [4, 4], 2)])
+        with trio.fail_after(10):
+            await watcher.wait_for_seq("w", 3)
+    assert [(w, loss.reason) for w, loss in losses] == [("w", LossReason.EVICTED)]
+    assert tskv_scripted.replay_requests[0] is None  # the bootstrap's snapshot, given up
+    assert tskv_scripted.replay_requests.count(None) == 1 and index.stale == {"w"}
+
+
 async def test_one_workers_failure_does_not_stop_the_others(
     processes: int, tmp_path: object
 ) -> None:
