@@ -21,7 +21,8 @@ before it trusts that worker's view.
 What replay can no longer give (the publisher's buffer has moved on) is repaired from a
 snapshot when the publisher serves them: the state as of some seq, delivered as one batch that
 clears and restores the cache, with the batches it replaces reported as such. A publisher
-without snapshots ends the request at once, and the hole is reported as before.
+without snapshots ends the request at once, and the hole is reported as before; so is one whose
+snapshot passes `max_snapshot_bytes` while its parts are gathered.
 """
 
 from __future__ import annotations
