@@ -499,3 +499,19 @@ async def test_any_replay_rate_the_config_accepts_the_publisher_opens_with() -> 
         config(replay_rate=0)
     with pytest.raises(tskv.ConfigError, match="replay_rate = inf"):
         config(replay_rate=float("inf"))
+
+
+async def test_every_socket_monitor_is_stopped_before_its_socket_closes() -> None:
+    """Closed first, a socket can no longer stop its monitor, and what its teardown reports
+    goes to a monitor nobody reads: libzmq's I/O thread blocks on it, and every socket of the
+    context with it (a subscriber opened next never connected)."""
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with (
+        tskv.open_publisher(config) as publisher,
+        tskv.open_subscriber(publisher.endpoint, publisher.replay_endpoint) as sub,
+    ):
+        with trio.fail_after(10):
+            await publisher.wait_for_subscriber()
+        monitors = [*publisher._security.monitors, *sub._monitors]
+        assert len(monitors) == 3 and not any(monitor.stopped for monitor in monitors)
+    assert all(monitor.stopped for monitor in monitors)

@@ -48,6 +48,7 @@ class SocketMonitor:
         self.handshakes = 0
         self.handshake_failures = 0
         self.answered = trio.Event()  # set at the first successful handshake
+        self.stopped = False  # the socket no longer reports to this monitor
         self._watched = sock
         address = f"inproc://tskv-monitor-{next(_MONITOR_NAMES)}"
         self._events = TrioSocket(sock.get_monitor_socket(_EVENTS, address))
@@ -74,8 +75,12 @@ class SocketMonitor:
                 )
 
     def close(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):  # the watched socket may be closed already
-            self._watched.disable_monitor()
+        """Stop the socket reporting, then close this end; call it before closing the socket
+        (closed, the socket cannot be stopped, and the events of its teardown block libzmq)."""
+        if not self.stopped:
+            with contextlib.suppress(zmq.ZMQError):  # the watched socket is closed already
+                self._watched.disable_monitor()
+                self.stopped = True
         self._events.close()
 
 

@@ -372,8 +372,17 @@ class _Sockets:
 
     def _monitored(self, sock: zmq.Socket[bytes], label: str) -> None:
         monitor = SocketMonitor(sock, label, CURVE_HINT if self.security else CLEAR_HINT)
-        self.cleanup.callback(monitor.close)
+        self.cleanup.callback(monitor.close)  # if the socket fails to open
         self.watch.monitors.append(monitor)
+
+    def _closed_after_its_monitor(self, close: Callable[[], object]) -> None:
+        """Close the socket just opened once its monitor is stopped. Closed first, the socket
+        can no longer stop it, and what its teardown still reports (a disconnect, a handshake
+        under way) goes to a monitor nobody reads: libzmq's I/O thread then blocks on it, and
+        every socket of the context with it (seen with gdb)."""
+        monitor = self.watch.monitors[-1]
+        self.cleanup.callback(close)
+        self.cleanup.callback(monitor.close)  # the stack unwinds newest first: this goes first
 
     def publish(
         self,
@@ -395,7 +404,7 @@ class _Sockets:
             self._monitored,
         )
         task = PublishTask(pub, address, config.topic.encode(), queued, buffer, state, on_dequeue)
-        self.cleanup.callback(task.close)
+        self._closed_after_its_monitor(task.close)
         return task
 
     def replay(
@@ -414,7 +423,7 @@ class _Sockets:
             frames.MAX_REQUEST_BYTES,
             self._monitored,
         )
-        self.cleanup.callback(router.close)
+        self._closed_after_its_monitor(router.close)
         reply_topic = self.config.layout.reply_topic
         server = ReplayServer(buffer, self.config, reply_topic, trio.current_time, snapshot)
         return ReplayTask(router, address, server)
