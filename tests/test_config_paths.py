@@ -252,6 +252,7 @@ def every_subscriber_setting_changed(tmp_path: Path) -> dict[str, Any]:
         "hwm": 77,
         "max_held": 9,
         "max_snapshot_bytes": 4096,
+        "max_message_bytes": 2048,
         "quiet_interval": 0.5,
         "warn_unanswered_after": 2.5,
         "curve_server_key": str(server_public),

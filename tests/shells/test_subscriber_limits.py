@@ -1,5 +1,6 @@
-"""Whatever a publisher's snapshot holds, a subscriber's memory stays bounded and it goes on: a
-snapshot over `max_snapshot_bytes` is given up, and one that never ends too."""
+"""Whatever a publisher sends, a subscriber's memory stays bounded and it goes on: a snapshot
+over `max_snapshot_bytes` is given up, one that never ends too, and a message over
+`max_message_bytes` costs that batch (repaired or reported), not the connection."""
 
 from __future__ import annotations
 
@@ -109,3 +110,58 @@ async def test_a_snapshot_that_never_ends_is_given_up_and_delivery_goes_on() -> 
             seqs = [seq async for seq, _ in first(sub, 5)]
         nursery.cancel_scope.cancel()
     assert seqs == [0, 1, 2, 3, 4]
+
+
+async def subscribed(pub: TrioSocket) -> None:
+    """Until a subscription arrives at this XPUB."""
+    with trio.fail_after(30):
+        while not (await pub.receive())[0].startswith(b"\x01"):
+            pass
+
+
+async def test_a_message_over_the_limit_costs_that_batch_not_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ZeroMQ ends the connection of a peer that sends more than MAXMSGSIZE and never retries
+    it: without connecting again, the subscriber would hear nothing more, for good."""
+    losses: list[Loss] = []
+    async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub:
+        pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        endpoint = pub.sock.last_endpoint.decode()
+        with caplog.at_level(logging.WARNING, logger="tskv"):
+            async with tskv.open_subscriber(
+                endpoint, on_loss=losses.append, max_message_bytes=2048
+            ) as sub:
+                await subscribed(pub)
+                pub.send_nowait(frames.live_message(b"", 0, payload(0)))
+                pub.send_nowait(frames.live_message(b"", 1, b"\x90" * 4096))
+                await subscribed(pub)  # connected again
+                pub.send_nowait(frames.live_message(b"", 2, payload(2)))
+                seqs = [seq async for seq, _ in first(sub, 2)]
+    assert seqs == [0, 2] and losses == [Loss(1, 1, LossReason.NO_REPLAY)]
+    assert warned(caplog, "a batch over max_message_bytes = 2048")
+
+
+async def test_a_replay_reply_over_the_limit_times_out_and_delivery_goes_on() -> None:
+    losses: list[Loss] = []
+    async with (
+        raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub,
+        raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as router,
+    ):
+        pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        endpoint, replay = (s.sock.last_endpoint.decode() for s in (pub, router))
+        async with tskv.open_subscriber(
+            endpoint,
+            replay,
+            start_seq=0,
+            on_loss=losses.append,
+            max_message_bytes=2048,
+            replay_timeout=0.5,
+        ) as sub:
+            with trio.fail_after(30):
+                client, _ = frames.parse_replay_request(await router.receive())
+                await router.send(frames.replay_reply(client, 0, b"\x90" * 4096, None))
+                await subscribed(pub)
+            pub.send_nowait(frames.live_message(b"", 1, payload(1)))
+            seqs = [seq async for seq, _ in first(sub, 1)]
+    assert seqs == [1] and losses == [Loss(0, 0, LossReason.REPLAY_TIMEOUT)]

@@ -173,6 +173,34 @@ def test_a_snapshot_over_max_snapshot_bytes_is_given_up_for_replay_and_says_why(
     assert refused.returncode == 2 and "--max-snapshot-bytes" in refused.stderr
 
 
+async def test_a_batch_over_max_message_bytes_costs_that_batch_and_says_why() -> None:
+    async def subscribed() -> None:
+        with trio.fail_after(30):
+            while not (await pub.receive())[0].startswith(b"\x01"):
+                pass
+
+    async def run(endpoint: str) -> None:
+        args = [sys.executable, "-m", "tskv", "listen", endpoint, "--count", "2"]
+        done.append(
+            await trio.run_process(
+                [*args, "--max-message-bytes", "2048"], capture_stdout=True, capture_stderr=True
+            )
+        )
+
+    done: list[subprocess.CompletedProcess[bytes]] = []
+    async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub, trio.open_nursery() as nursery:
+        pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        nursery.start_soon(run, pub.sock.last_endpoint.decode())
+        await subscribed()
+        pub.send_nowait(live_message(b"", 0, payload(0)))
+        pub.send_nowait(live_message(b"", 1, b"\x90" * 4096))
+        await subscribed()  # it connected again
+        pub.send_nowait(live_message(b"", 2, payload(2)))
+    lines = done[0].stdout.decode().splitlines()
+    assert [line.split()[0] for line in lines] == ["seq=0", "!!", "seq=2"]
+    assert "a batch over max_message_bytes = 2048" in done[0].stderr.decode()
+
+
 def test_bad_endpoint_exits_2_with_a_clear_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tskv", "listen", "localhost:5557"], capture_output=True, text=True

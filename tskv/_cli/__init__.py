@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up a snapshot larger than this, reporting what it would restore as lost "
         "(default %(default)s: about 3.5M blocks of 16 tokens)",
     )
+    listen.add_argument(
+        "--max-message-bytes",
+        type=positive,
+        default=SubscriberConfig().max_message_bytes,
+        metavar="N",
+        help="the largest batch or replay reply taken: a larger one costs that batch, "
+        "repaired or reported (default %(default)s)",
+    )
     listen.add_argument("--json", action="store_true", help="one JSON object per line")
     listen.add_argument(
         "--count", type=positive, metavar="N", help="stop after N batches (with the summary)"

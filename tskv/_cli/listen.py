@@ -15,6 +15,7 @@ from typing import Any, Literal, TextIO
 import trio
 
 from tskv.core.codec import mm_key_fields
+from tskv.core.config import MAX_MESSAGE_BYTES
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -184,6 +185,7 @@ async def listen(
     curve_secret_key: str | None = None,
     summary_to: TextIO | None = None,
     max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> None:
     """Print every batch until cancelled (or `limit` batches); the summary goes to `summary_to`
     however it ends. A listener that binds (a `*` in its endpoint) says where, there too."""
@@ -200,6 +202,7 @@ async def listen(
         curve_server_key=curve_server_key,
         curve_secret_key=curve_secret_key,
         max_snapshot_bytes=max_snapshot_bytes,
+        max_message_bytes=max_message_bytes,
     ) as sub:
         if summary_to is not None and sub.endpoint != endpoint:
             print(f"tskv listen: bound to {sub.endpoint}", file=summary_to, flush=True)
@@ -248,6 +251,7 @@ async def main(args: argparse.Namespace) -> int:
                     curve_secret_key=args.curve_secret_key,
                     summary_to=sys.stderr,
                     max_snapshot_bytes=args.max_snapshot_bytes,
+                    max_message_bytes=args.max_message_bytes,
                 )
             nursery.cancel_scope.cancel()
     return 0

@@ -209,6 +209,9 @@ def did_you_mean(name: str, choices: frozenset[str] | set[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+MAX_MESSAGE_BYTES = 64 << 20  # a batch or replay reply; a 1M-token prompt's batch is ~5 MB
+
+
 def _check_start_seq(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None or value == "snapshot":
         return
@@ -247,6 +250,7 @@ class SubscriberConfig:
     hwm: int = attrs.field(default=100_000, validator=_integer(0))
     max_held: int = attrs.field(default=10_000, validator=_integer(1))
     max_snapshot_bytes: int = attrs.field(default=MAX_SNAPSHOT_BYTES, validator=_integer(1))
+    max_message_bytes: int = attrs.field(default=MAX_MESSAGE_BYTES, validator=_integer(1))
     quiet_interval: float | None = attrs.field(default=2.0, validator=_check_quiet_interval)
     warn_unanswered_after: float = attrs.field(default=5.0, validator=_number(0, above=True))
     # the key files are read, and their errors raised, when the subscriber opens

@@ -4,6 +4,12 @@ A CURVE handshake that fails (a wrong server key, a clear-text peer, a refused c
 a publisher that never answers leaves both ends silent: ZeroMQ retries quietly forever. A
 monitor task reads the socket's event stream, counts handshakes that succeed and fail, and logs
 failures (rate-limited) with what the user can do about them.
+
+The opposite happens too: a working connection that ZeroMQ ends for a protocol error (a
+message over the socket's MAXMSGSIZE, or bytes that are not ZMTP) is never retried, and a
+subscriber would hear nothing more, for good. ZeroMQ says `CONNECT_RETRIED` right after any
+disconnect it will retry; when that does not come, a connecting socket's monitor connects it
+again itself.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 from typing import cast
 
 import trio
@@ -28,8 +35,9 @@ _FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH,
 }
 _EVENTS = cast(int, zmq.EVENT_HANDSHAKE_SUCCEEDED)
-for _event in _FAILED:
+for _event in (*_FAILED, zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
     _EVENTS |= cast(int, _event)
+RETRIED_WITHIN = 1.0  # seconds; libzmq's I/O thread says CONNECT_RETRIED microseconds after
 # pyzmq names a monitor's inproc endpoint after the socket's fd, and fds are reused: a socket
 # opened while a closed one's monitor endpoint still lingers failed with "Address already in
 # use". A name of our own never repeats.
@@ -40,13 +48,25 @@ class SocketMonitor:
     """Watches one socket from before it binds or connects; `run` is its task.
 
     `hint` finishes the log line for a failed handshake: what this side's user should check.
+    `reattach`: the endpoint the socket connects to, connected again when ZeroMQ will not;
+    `dropped_hint` says why that happens, for the log.
     """
 
-    def __init__(self, sock: zmq.Socket[bytes], label: str, hint: str) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket[bytes],
+        label: str,
+        hint: str,
+        reattach: str | None = None,
+        dropped_hint: str = "",
+    ) -> None:
         self.label = label
         self.hint = hint
         self.handshakes = 0
         self.handshake_failures = 0
+        self.reattached = 0  # working connections ZeroMQ ended for good, connected again here
+        self._reattach = reattach
+        self._dropped_hint = dropped_hint
         self.answered = trio.Event()  # set at the first successful handshake
         self.stopped = False  # the socket no longer reports to this monitor
         self._watched = sock
@@ -56,10 +76,22 @@ class SocketMonitor:
 
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
     async def run(self) -> None:
+        working = False  # the connection's handshake succeeded (a refused one is not retried)
+        dropped = False  # a working connection ended, and ZeroMQ has not said it will retry it
         while True:
-            event = parse_monitor_message(await self._events.receive())
+            with trio.move_on_after(RETRIED_WITHIN if dropped else math.inf) as waiting:
+                event = parse_monitor_message(await self._events.receive())
+            if waiting.cancelled_caught:
+                dropped = False
+                self._attach_again()
+                continue
             kind = event["event"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if kind == zmq.EVENT_DISCONNECTED:
+                dropped, working = working and self._reattach is not None, False
+            elif kind == zmq.EVENT_CONNECT_RETRIED:
+                dropped = False
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                working = True
                 self.handshakes += 1
                 self.answered.set()
             elif kind in _FAILED:
@@ -73,6 +105,20 @@ class SocketMonitor:
                     self.hint,
                     self.handshake_failures,
                 )
+
+    def _attach_again(self) -> None:
+        assert self._reattach is not None
+        self.reattached += 1
+        self._log.warning(
+            "%s: ZeroMQ dropped the connection and will not retry it (%s); connecting again "
+            "(%d so far)",
+            self.label,
+            self._dropped_hint,
+            self.reattached,
+        )
+        with contextlib.suppress(zmq.ZMQError):  # no longer in ZeroMQ's list
+            self._watched.disconnect(self._reattach)
+        self._watched.connect(self._reattach)
 
     def close(self) -> None:
         """Stop the socket reporting, then close this end; call it before closing the socket

@@ -34,8 +34,10 @@ class ReplayClient:
         security: ClientSecurity | None,
         probe_timeout: float,
         topic: bytes = b"",
+        max_message_bytes: int = -1,
     ) -> None:
         self._topic = topic
+        self._max_message_bytes = max_message_bytes  # a reply over it times its request out
         self._security = security
         self._context = context
         self._endpoint = endpoint
@@ -49,6 +51,7 @@ class ReplayClient:
         sock = self._context.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.RCVHWM, 0)  # a replay is bounded by the publisher's buffer
+            sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
             if self._security is not None:
                 self._security.apply(sock)
             attach(sock, self._endpoint, bind=False)

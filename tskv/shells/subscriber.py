@@ -21,7 +21,7 @@ import zmq
 
 from tskv.core import frames
 from tskv.core.codec import SEEN, WireError, decode_batch
-from tskv.core.config import SubscriberConfig
+from tskv.core.config import MAX_MESSAGE_BYTES, SubscriberConfig
 from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.events import KVEvent, KVEventBatch, UnknownEvent
 from tskv.core.losses import Loss, LossCounts, LossReason
@@ -361,6 +361,7 @@ async def open_subscriber(
     hwm: int = 100_000,
     max_held: int = MAX_HELD,
     max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
     quiet_interval: float | None = 2.0,
     on_silence: Callable[[bool], object] | None = None,
     warn_unanswered_after: float = 5.0,
@@ -392,6 +393,9 @@ async def open_subscriber(
         with a warning, and none is asked for again: a repair's hole is reported as TOO_LARGE,
         a bootstrap goes on from replay. The default, 256 MiB, is about 3.5M blocks of 16
         tokens (75 B each on the wire); decoded, a snapshot takes several times that.
+      max_message_bytes: the largest message the SUB and replay sockets take (64 MiB). ZeroMQ
+        drops the connection of a publisher that sends a larger one; the subscriber connects
+        again, with a warning, and that batch is repaired from replay or reported lost.
       quiet_interval: with a replay endpoint, a stream quiet this long is probed (None: never):
         batches lost at the very end, and a publisher that restarted and went quiet, are found
         out; a probe unanswered for as long again means the publisher is silent.
@@ -418,6 +422,7 @@ async def open_subscriber(
         hwm=hwm,
         max_held=max_held,
         max_snapshot_bytes=max_snapshot_bytes,
+        max_message_bytes=max_message_bytes,
         quiet_interval=quiet_interval,
         warn_unanswered_after=warn_unanswered_after,
         curve_server_key=curve_server_key,
@@ -502,10 +507,18 @@ def _open_sub(
     sock = context.socket(zmq.SUB)
     try:
         sock.setsockopt(zmq.RCVHWM, config.hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         sock.setsockopt(zmq.SUBSCRIBE, config.topic.encode())
         if security is not None:
             security.apply(sock)
-        monitor = SocketMonitor(sock, f"subscriber {endpoint}", SERVER_HINT)
+        monitor = SocketMonitor(
+            sock,
+            f"subscriber {endpoint}",
+            SERVER_HINT,
+            reattach=None if binds else endpoint,  # a publisher that connects retries itself
+            dropped_hint=f"a batch over max_message_bytes = {config.max_message_bytes} does "
+            "this, or a peer that does not speak ZeroMQ",
+        )
         address = attach(sock, endpoint, bind=binds)
     except BaseException:
         sock.close(linger=0)
@@ -530,4 +543,5 @@ def _replay_client(
         security,
         probe_timeout,
         config.topic.encode(),
+        config.max_message_bytes,
     )
