@@ -99,6 +99,21 @@ async def test_a_loss_marks_the_worker_stale_until_its_view_is_whole_again(
         assert index.match([4, 4]) == {"w": 1} and not index.stale  # whole again
 
 
+async def a_hole_replay_cannot_fill(watcher: tskv.Watcher, scripted: ScriptedPublisher) -> None:
+    """Worker "w" gets seq 0; seqs 1 and 2 are gone from the buffer (a snapshot has them); then
+    seq 3 is followed."""
+    watcher.add("w", scripted.endpoint, scripted.replay_endpoint)
+    with trio.fail_after(10):
+        await scripted.wait_for_subscriber()
+    scripted.send([BlockStored([1], None, [1, 1], 2)])
+    with trio.fail_after(10):
+        await watcher.wait_for_seq("w", 0)
+    scripted.skip(2)
+    scripted.send([BlockStored([4], 1, [4, 4], 2)])
+    with trio.fail_after(10):
+        await watcher.wait_for_seq("w", 3)
+
+
 async def test_a_hole_is_repaired_from_a_snapshot_and_the_worker_is_whole_again(
     processes: int,
     tskv_scripted: ScriptedPublisher,
@@ -108,16 +123,7 @@ async def test_a_hole_is_repaired_from_a_snapshot_and_the_worker_is_whole_again(
     async with tskv.open_watcher(
         index, processes=processes, on_loss=lambda w, loss: losses.append((w, loss))
     ) as watcher:
-        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
-        with trio.fail_after(10):
-            await tskv_scripted.wait_for_subscriber()
-        tskv_scripted.send([BlockStored([1], None, [1, 1], 2)])
-        with trio.fail_after(10):
-            await watcher.wait_for_seq("w", 0)
-        tskv_scripted.skip(2)  # gone from the buffer, but the snapshot has them
-        tskv_scripted.send([BlockStored([4], 1, [4, 4], 2)])
-        with trio.fail_after(10):
-            await watcher.wait_for_seq("w", 3)
+        await a_hole_replay_cannot_fill(watcher, tskv_scripted)
     assert [(w, loss.reason) for w, loss in losses] == [("w", LossReason.SNAPSHOT)]
     assert index.match([1, 1, 4, 4]) == {"w": 2} and not index.stale
 
@@ -136,16 +142,7 @@ async def test_a_snapshot_over_the_limit_leaves_the_hole_reported_and_the_worker
         on_loss=lambda w, loss: losses.append((w, loss)),
         max_snapshot_bytes=10,
     ) as watcher:
-        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
-        with trio.fail_after(10):
-            await tskv_scripted.wait_for_subscriber()
-        tskv_scripted.send([BlockStored([1], None, [1, 1], 2)])
-        with trio.fail_after(10):
-            await watcher.wait_for_seq("w", 0)
-        tskv_scripted.skip(2)  # gone from the buffer; a snapshot would have them
-        tskv_scripted.send([BlockStored([4], 1, [4, 4], 2)])
-        with trio.fail_after(10):
-            await watcher.wait_for_seq("w", 3)
+        await a_hole_replay_cannot_fill(watcher, tskv_scripted)
     assert [(w, loss.reason) for w, loss in losses] == [("w", LossReason.EVICTED)]
     assert tskv_scripted.replay_requests[0] is None  # the bootstrap's snapshot, given up
     assert tskv_scripted.replay_requests.count(None) == 1 and index.stale == {"w"}
