@@ -11,7 +11,12 @@ import trio
 import zmq
 
 from tskv import KVEventBatch, Publisher, decode_batch
-from tskv.core.frames import parse_live_message, parse_replay_reply, replay_request
+from tskv.core.frames import (
+    parse_live_message,
+    parse_replay_reply,
+    parse_subscription,
+    replay_request,
+)
 from tskv.shells._trio_zmq import TrioSocket
 
 _names = itertools.count()
@@ -53,6 +58,14 @@ async def subscribed(
             with trio.fail_after(10):
                 await publisher.wait_for_subscriber(before + 1)
         yield sub
+
+
+async def next_subscription(xpub: TrioSocket) -> None:
+    """Until a subscription (to every topic's prefix "") arrives at this XPUB: a subscriber
+    connected, or connected again."""
+    with trio.fail_after(30):
+        while parse_subscription((await xpub.receive())[0], b"") != 1:
+            pass
 
 
 async def receive_batch(sub: TrioSocket) -> tuple[bytes, int, KVEventBatch]:

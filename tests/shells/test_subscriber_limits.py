@@ -13,7 +13,7 @@ import trio.testing
 import zmq
 
 import tskv
-from tests.zmq_helpers import LOOPBACK, raw_socket
+from tests.zmq_helpers import LOOPBACK, next_subscription, raw_socket
 from tskv import BlockStored, KVEventBatch, Loss, LossReason
 from tskv.core import frames
 from tskv.shells._trio_zmq import TrioSocket
@@ -112,13 +112,6 @@ async def test_a_snapshot_that_never_ends_is_given_up_and_delivery_goes_on() -> 
     assert seqs == [0, 1, 2, 3, 4]
 
 
-async def subscribed(pub: TrioSocket) -> None:
-    """Until a subscription arrives at this XPUB."""
-    with trio.fail_after(30):
-        while not (await pub.receive())[0].startswith(b"\x01"):
-            pass
-
-
 async def test_a_message_over_the_limit_costs_that_batch_not_the_connection(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -132,10 +125,10 @@ async def test_a_message_over_the_limit_costs_that_batch_not_the_connection(
             async with tskv.open_subscriber(
                 endpoint, on_loss=losses.append, max_message_bytes=2048
             ) as sub:
-                await subscribed(pub)
+                await next_subscription(pub)
                 pub.send_nowait(frames.live_message(b"", 0, payload(0)))
                 pub.send_nowait(frames.live_message(b"", 1, b"\x90" * 4096))
-                await subscribed(pub)  # connected again
+                await next_subscription(pub)  # connected again
                 pub.send_nowait(frames.live_message(b"", 2, payload(2)))
                 seqs = [seq async for seq, _ in first(sub, 2)]
     assert seqs == [0, 2] and losses == [Loss(1, 1, LossReason.NO_REPLAY)]
@@ -161,7 +154,7 @@ async def test_a_replay_reply_over_the_limit_times_out_and_delivery_goes_on() ->
             with trio.fail_after(30):
                 client, _ = frames.parse_replay_request(await router.receive())
                 await router.send(frames.replay_reply(client, 0, b"\x90" * 4096, None))
-                await subscribed(pub)
+                await next_subscription(pub)
             pub.send_nowait(frames.live_message(b"", 1, payload(1)))
             seqs = [seq async for seq, _ in first(sub, 1)]
     assert seqs == [1] and losses == [Loss(0, 0, LossReason.REPLAY_TIMEOUT)]

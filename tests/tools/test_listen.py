@@ -18,7 +18,7 @@ import zmq
 
 import tskv
 from tests.processes import killed_after
-from tests.zmq_helpers import LOOPBACK, inproc_name, raw_socket
+from tests.zmq_helpers import LOOPBACK, inproc_name, next_subscription, raw_socket
 from tskv import BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, ZmqEventPublisher
 from tskv._cli.listen import format_batch, listen
 from tskv.core.frames import live_message
@@ -174,11 +174,6 @@ def test_a_snapshot_over_max_snapshot_bytes_is_given_up_for_replay_and_says_why(
 
 
 async def test_a_batch_over_max_message_bytes_costs_that_batch_and_says_why() -> None:
-    async def subscribed() -> None:
-        with trio.fail_after(30):
-            while not (await pub.receive())[0].startswith(b"\x01"):
-                pass
-
     async def run(endpoint: str) -> None:
         args = [sys.executable, "-m", "tskv", "listen", endpoint, "--count", "2"]
         done.append(
@@ -191,10 +186,10 @@ async def test_a_batch_over_max_message_bytes_costs_that_batch_and_says_why() ->
     async with raw_socket(zmq.XPUB, LOOPBACK, bind=True) as pub, trio.open_nursery() as nursery:
         pub.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
         nursery.start_soon(run, pub.sock.last_endpoint.decode())
-        await subscribed()
+        await next_subscription(pub)
         pub.send_nowait(live_message(b"", 0, payload(0)))
         pub.send_nowait(live_message(b"", 1, b"\x90" * 4096))
-        await subscribed()  # it connected again
+        await next_subscription(pub)  # it connected again
         pub.send_nowait(live_message(b"", 2, payload(2)))
     lines = done[0].stdout.decode().splitlines()
     assert [line.split()[0] for line in lines] == ["seq=0", "!!", "seq=2"]
