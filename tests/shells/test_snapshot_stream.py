@@ -8,10 +8,14 @@ from itertools import islice
 
 import trio
 import trio.testing
+import zmq
 
 import tskv
-from tests.zmq_helpers import LOOPBACK, inproc_name
+from tests.zmq_helpers import LOOPBACK, inproc_name, raw_socket
 from tskv import KVEvent, Loss, LossReason
+from tskv.core import frames
+from tskv.core.snapshot import PART_BLOCKS
+from tskv.shells.publisher import REPLAY_PIPE
 from tskv.sim import CacheView, Simulator, Workload, run_round
 
 LIVE_BLOCKS = 2000
@@ -190,3 +194,39 @@ async def test_the_threaded_publisher_serves_snapshots_of_what_it_published() ->
         assert view.blocks == scheduler.blocks and len(view.blocks) == LIVE_BLOCKS
     finally:
         await trio.to_thread.run_sync(publisher.shutdown)
+
+
+async def test_serving_a_snapshot_lets_the_publishers_loop_run_between_its_parts() -> None:
+    """A part is encoded as it is sent, a few ms each: a snapshot of many parts sent in one
+    turn would hold the scheduler's loop (and its live batches) for as long as it takes."""
+    parts = REPLAY_PIPE - 28  # every part fits in the client's pipe: only the turn's end stops it
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher:
+        for n in range(parts):
+            hashes = list(range(n * PART_BLOCKS, (n + 1) * PART_BLOCKS))
+            await publisher.publish([tskv.BlockStored(hashes, None, [n] * 16 * PART_BLOCKS, 16)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert publisher.replay_endpoint is not None
+        seen: set[int] = set()  # parts sent, each time another task got to run meanwhile
+
+        async def watch() -> None:
+            while True:
+                seen.add(publisher.statistics().replay.snapshot_parts)
+                await trio.lowlevel.checkpoint()
+
+        async with (
+            raw_socket(zmq.DEALER, publisher.replay_endpoint) as client,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(watch)
+            await client.send(frames.snapshot_request())
+            received = 0
+            with trio.fail_after(60):
+                while True:
+                    reply = frames.parse_replay_reply(await client.receive())
+                    if not isinstance(reply, frames.SnapshotPart):
+                        break
+                    received += 1
+            nursery.cancel_scope.cancel()
+    assert received == parts
+    assert any(0 < sent < parts for sent in seen), sorted(seen)

@@ -2,14 +2,17 @@
 
 It reads requests, hands each to the I/O-free `ReplayServer`, and sends what the server gives
 back, a bounded amount of work between checkpoints, so no client (and no flood of requests)
-can hold up live batches. A client whose pipe is full or who is gone is the server's to decide
-about; this task only reports what it abandons.
+can hold up live batches, or the scheduler whose loop this runs in. The bound is in time as well
+as in messages: a snapshot part is encoded when it is sent (2-5 ms for 1,024 blocks), so 256 of
+them in one turn would hold the loop for a second. A client whose pipe is full or who is gone
+is the server's to decide about; this task only reports what it abandons.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import time
 
 import trio
 import zmq
@@ -22,7 +25,8 @@ from tskv.shells._trio_zmq import ZERO_COPY_BYTES, TrioSocket
 logger = logging.getLogger(__name__)
 
 REQUESTS_PER_TURN = 64  # replay requests read between two checkpoints...
-SENDS_PER_TURN = 256  # ...and replies sent: a flood of either cannot hold up live batches
+SENDS_PER_TURN = 256  # ...and replies sent: a flood of either cannot hold up live batches...
+TURN_SECONDS = 0.002  # ...and a turn ends once it has taken this long (after the message at hand)
 
 
 class ReplayTask:
@@ -48,14 +52,18 @@ class ReplayTask:
             elif wait > 0:
                 with trio.move_on_after(wait):
                     await router.wait(zmq.POLLIN)
+            ends = time.perf_counter() + TURN_SECONDS  # a snapshot request copies the state
             for _ in range(REQUESTS_PER_TURN):
                 try:
                     message = router.receive_frames_nowait()
                 except trio.WouldBlock:
                     break
                 self._log_request(server.receive([f.bytes for f in message], _peer(message)))
+                if time.perf_counter() > ends:
+                    break
+            ends = time.perf_counter() + TURN_SECONDS
             for _ in range(SENDS_PER_TURN):
-                if not self._send_next():
+                if not self._send_next() or time.perf_counter() > ends:
                     break
             await trio.lowlevel.checkpoint()  # live batches go out between turns
 
