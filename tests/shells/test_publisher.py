@@ -515,3 +515,41 @@ async def test_every_socket_monitor_is_stopped_before_its_socket_closes() -> Non
         monitors = [*publisher._security.monitors, *sub._monitors]
         assert len(monitors) == 3 and not any(monitor.stopped for monitor in monitors)
     assert all(monitor.stopped for monitor in monitors)
+
+
+async def test_a_publisher_that_connects_out_says_so_when_no_subscriber_binds(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An explicit address makes a publisher connect (TokenSpeed's rule), as a subscriber
+    does: with both sides connecting, each would otherwise wait without a word."""
+    from tskv.shells import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "UNANSWERED_AFTER", 0.2)
+    async with raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as taken:
+        free = taken.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    with caplog.at_level(logging.INFO, logger="tskv"):
+        async with tskv.open_publisher(KVEventsConfig(endpoint=free)):
+            with trio.fail_after(10):
+                while "no subscriber has answered" not in caplog.text:  # noqa: ASYNC110
+                    await trio.sleep(0.05)  # a log line is all there is to wait for
+    assert f"publishing KV events on {free} (connecting out" in caplog.text
+    assert f"no subscriber has answered on {free} for 0.2 s" in caplog.text
+    assert "set bind=True to bind it here instead" in caplog.text
+
+
+async def test_a_publisher_that_connects_out_to_a_binding_subscriber_is_not_reported(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tskv.shells import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "UNANSWERED_AFTER", 0.2)
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        async with tskv.open_subscriber("tcp://127.0.0.1:*") as sub:
+            assert "*" not in sub.endpoint  # as really bound
+            async with tskv.open_publisher(KVEventsConfig(endpoint=sub.endpoint)) as publisher:
+                await publisher.wait_for_subscriber()
+                await publisher.publish(events(0))
+                with trio.fail_after(10):
+                    assert (await sub.__anext__())[0] == 0
+                await trio.sleep(0.4)  # the time the warning had to come: it must not
+    assert "has answered" not in caplog.text

@@ -1,5 +1,6 @@
-"""Why a subscriber hears nothing, when that can be told without a publisher: an ipc path that
-cannot exist, a host name that does not resolve, or no answer at all after a while."""
+"""Why a subscriber (or a publisher that connects out) hears nothing, when that can be told
+without the other side: an ipc path that cannot exist, a host name that does not resolve, or no
+answer at all after a while."""
 
 from __future__ import annotations
 
@@ -14,19 +15,34 @@ from tskv.shells._monitor import SocketMonitor
 logger = logging.getLogger(__name__)
 
 
+# Both sides connecting is the likely mistake: TokenSpeed's rule makes a publisher given an
+# explicit address (tcp://127.0.0.1:5557) connect out, as a subscriber does.
+NO_PUBLISHER_HINT = (
+    "check the address, that the publisher is running, and that it binds there (a publisher "
+    "binds only an endpoint with *, ::, ipc:// or inproc://, unless its config sets bind=True)"
+)
+NO_SUBSCRIBER_HINT = (
+    "this publisher connects there (its endpoint has no *, ::, ipc:// or inproc://: "
+    "TokenSpeed's rule), so a subscriber must bind it; set bind=True to bind it here instead"
+)
+
+
 @trio.lowlevel.enable_ki_protection
-async def warn_if_unanswered(endpoint: str, monitor: SocketMonitor, after: float) -> None:
-    """A publisher that never answers (a wrong address, a host that does not resolve, a
-    handshake that keeps failing) would otherwise leave the subscriber silent forever."""
+async def warn_if_unanswered(
+    endpoint: str, monitor: SocketMonitor, after: float, peer: str = "publisher"
+) -> None:
+    """A peer that never answers (a wrong address, a host that does not resolve, a handshake
+    that keeps failing, both sides connecting) would otherwise leave this side silent forever."""
     with trio.move_on_after(after):
         await monitor.answered.wait()
         return
     problem = await unreachable_reason(endpoint)
     logger.warning(
-        "no publisher has answered on %s for %g s (still trying): %s",
+        "no %s has answered on %s for %g s (still trying): %s",
+        peer,
         endpoint,
         after,
-        problem or "check the address and that the publisher is running",
+        problem or (NO_PUBLISHER_HINT if peer == "publisher" else NO_SUBSCRIBER_HINT),
     )
 
 

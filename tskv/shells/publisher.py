@@ -37,6 +37,7 @@ from tskv.shells._background import Pacer, background_tasks
 from tskv.shells._constructor import NoPublicConstructor
 from tskv.shells._monitor import SocketMonitor
 from tskv.shells._publish_task import PublishTask, Queued
+from tskv.shells._reachability import warn_if_unanswered
 from tskv.shells._replay_task import ReplayTask
 from tskv.shells._trio_zmq import open_socket
 from tskv.shells._zap import ZapHandler
@@ -44,6 +45,7 @@ from tskv.shells._zap import ZapHandler
 logger = logging.getLogger(__name__)
 
 REPLAY_PIPE = 128  # replies ZeroMQ queues per replay client, whatever `hwm` is
+UNANSWERED_AFTER = 5.0  # seconds a publisher that connects out waits for a subscriber, then says so
 MAX_SUBSCRIPTION_BYTES = 4096  # a larger subscription frame disconnects its sender
 CURVE_HINT = (
     "a subscriber needs this publisher's public key (curve_server_key) and, with "
@@ -312,7 +314,7 @@ async def open_publisher(
         keeps_state = config.serves_snapshots(replay_endpoint)
         state = CacheState(tiered=config.layout.tiered_state) if keeps_state else None
         sockets = _Sockets(cleanup, context, config, security, watch)
-        publishing = sockets.publish(endpoint, queued, buffer, state, on_dequeue)
+        publishing, pub_monitor = sockets.publish(endpoint, queued, buffer, state, on_dequeue)
         replaying = None
         if replay_endpoint is not None:
             snapshot = None if state is None else _snapshot_maker(state, buffer, config, dp_rank)
@@ -320,9 +322,13 @@ async def open_publisher(
         publisher = Publisher._create(
             config, dp_rank, queue, publishing, replaying, buffer, state, watch
         )
-        _announce(publisher, security is not None)
+        binds = config.binds(endpoint)
+        _announce(publisher, security is not None, binds)
         async with background_tasks() as nursery:
             watch.start(nursery)
+            if not binds and not endpoint.startswith("inproc://"):  # inproc: no handshake
+                after = UNANSWERED_AFTER
+                nursery.start_soon(warn_if_unanswered, endpoint, pub_monitor, after, "subscriber")
             nursery.start_soon(publishing.run, lambda: publisher.accepted)
             if replaying is not None:
                 nursery.start_soon(replaying.run)
@@ -334,14 +340,15 @@ async def open_publisher(
                 publisher._stop()
 
 
-def _announce(publisher: Publisher, encrypted: bool) -> None:
+def _announce(publisher: Publisher, encrypted: bool, binds: bool) -> None:
     """Log where it publishes; warn when clear text is open to other machines."""
     if not encrypted:
         exposed = [publisher.endpoint] + [e for e in [publisher.replay_endpoint] if e]
         warn_if_exposed(exposed, publisher.config.buffer_steps)
     logger.info(
-        "publishing KV events on %s (replay: %s, rank %d, %s)",
+        "publishing KV events on %s (%s, replay: %s, rank %d, %s)",
         publisher.endpoint,
+        "bound" if binds else "connecting out",
         publisher.replay_endpoint,
         publisher.dp_rank,
         "CURVE" if encrypted else "clear text",
@@ -375,7 +382,7 @@ class _Sockets:
         self.cleanup.callback(monitor.close)  # if the socket fails to open
         self.watch.monitors.append(monitor)
 
-    def _closed_after_its_monitor(self, close: Callable[[], object]) -> None:
+    def _closed_after_its_monitor(self, close: Callable[[], object]) -> SocketMonitor:
         """Close the socket just opened once its monitor is stopped. Closed first, the socket
         can no longer stop it, and what its teardown still reports (a disconnect, a handshake
         under way) goes to a monitor nobody reads: libzmq's I/O thread then blocks on it, and
@@ -383,6 +390,7 @@ class _Sockets:
         monitor = self.watch.monitors[-1]
         self.cleanup.callback(close)
         self.cleanup.callback(monitor.close)  # the stack unwinds newest first: this goes first
+        return monitor
 
     def publish(
         self,
@@ -391,7 +399,7 @@ class _Sockets:
         buffer: ReplayBuffer,
         state: CacheState | None,
         on_dequeue: Callable[[], object] | None,
-    ) -> PublishTask:
+    ) -> tuple[PublishTask, SocketMonitor]:
         config = self.config
         pub, address = open_socket(
             self.context,
@@ -404,8 +412,7 @@ class _Sockets:
             self._monitored,
         )
         task = PublishTask(pub, address, config.topic.encode(), queued, buffer, state, on_dequeue)
-        self._closed_after_its_monitor(task.close)
-        return task
+        return task, self._closed_after_its_monitor(task.close)
 
     def replay(
         self,
