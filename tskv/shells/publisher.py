@@ -326,7 +326,7 @@ async def open_publisher(
         _announce(publisher, security is not None, binds)
         async with background_tasks() as nursery:
             watch.start(nursery)
-            if not binds and not endpoint.startswith("inproc://"):  # inproc: no handshake
+            if not binds:
                 after = UNANSWERED_AFTER
                 nursery.start_soon(warn_if_unanswered, endpoint, pub_monitor, after, "subscriber")
             nursery.start_soon(publishing.run, lambda: publisher.accepted)

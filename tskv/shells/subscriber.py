@@ -478,8 +478,7 @@ async def subscribe(
         subscriber._apply(first_actions)
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
-            # inproc has no handshake to watch (and no address or host to get wrong)
-            if not binds and not endpoint.startswith("inproc://"):
+            if not binds:
                 after = config.warn_unanswered_after
                 nursery.start_soon(warn_if_unanswered, endpoint, monitor, after)
             nursery.start_soon(_read_live, sub, inbox_send, heard)
