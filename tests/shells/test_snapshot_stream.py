@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import islice
 
+import pytest
 import trio
 import trio.testing
 import zmq
@@ -196,16 +197,21 @@ async def test_the_threaded_publisher_serves_snapshots_of_what_it_published() ->
         await trio.to_thread.run_sync(publisher.shutdown)
 
 
+async def publish_parts(publisher: tskv.Publisher, parts: int) -> None:
+    """A cache whose snapshot is `parts` parts: a part's worth of blocks a batch."""
+    for n in range(parts):
+        hashes = list(range(n * PART_BLOCKS, (n + 1) * PART_BLOCKS))
+        await publisher.publish([tskv.BlockStored(hashes, None, [n] * 16 * PART_BLOCKS, 16)])
+    await trio.testing.wait_all_tasks_blocked()
+
+
 async def test_serving_a_snapshot_lets_the_publishers_loop_run_between_its_parts() -> None:
     """A part is encoded as it is sent, a few ms each: a snapshot of many parts sent in one
     turn would hold the scheduler's loop (and its live batches) for as long as it takes."""
     parts = REPLAY_PIPE - 28  # every part fits in the client's pipe: only the turn's end stops it
     config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
     async with tskv.open_publisher(config) as publisher:
-        for n in range(parts):
-            hashes = list(range(n * PART_BLOCKS, (n + 1) * PART_BLOCKS))
-            await publisher.publish([tskv.BlockStored(hashes, None, [n] * 16 * PART_BLOCKS, 16)])
-        await trio.testing.wait_all_tasks_blocked()
+        await publish_parts(publisher, parts)
         assert publisher.replay_endpoint is not None
         seen: set[int] = set()  # parts sent, each time another task got to run meanwhile
 
@@ -230,3 +236,41 @@ async def test_serving_a_snapshot_lets_the_publishers_loop_run_between_its_parts
             nursery.cancel_scope.cancel()
     assert received == parts
     assert any(0 < sent < parts for sent in seen), sorted(seen)
+
+
+async def test_decoding_a_snapshot_lets_the_consumers_loop_run_between_its_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decoded in one go, a 400,000-block snapshot held the consumer's loop for 0.65 s."""
+    from tskv.shells import subscriber as subscriber_module
+
+    ticks = 0
+    seen: list[int] = []  # the ticks counted at each part's decoding
+    decode = subscriber_module.decode_batch
+
+    def counted(payload: bytes) -> tskv.KVEventBatch:
+        seen.append(ticks)
+        return decode(payload)
+
+    parts = 100  # more than the 64 calls after which the consumer lets others run anyway
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, trio.open_nursery() as nursery:
+        await publish_parts(publisher, parts)
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        assert publisher.replay_endpoint is not None
+        async with tskv.open_subscriber(
+            publisher.endpoint, publisher.replay_endpoint, start_seq="snapshot"
+        ) as sub:
+            monkeypatch.setattr(subscriber_module, "decode_batch", counted)
+            nursery.start_soon(tick)
+            with trio.fail_after(60):
+                _, snapshot = await sub.__anext__()
+        nursery.cancel_scope.cancel()
+    assert len(seen) == parts and len(snapshot.events) == parts + 1  # and the clear
+    assert seen[-1] > seen[0], "nothing else ran while the snapshot was decoded"
