@@ -4,10 +4,17 @@ the shared ones, so a clone placed anywhere runs its tests."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
+
+# A shell starts a background job with Ctrl-C ignored, and an ignored signal stays ignored in
+# every process started from it: the tests that end a tool with SIGINT would wait for nothing.
+# A handler of our own is reset to the default in each child, so each child hears it again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def load_vectors(name: str) -> list[dict[str, Any]]:

@@ -75,7 +75,8 @@ async def test_a_wait_for_a_subscriber_begun_while_idle_sees_it_arrive() -> None
             sub.sock.setsockopt(zmq.SUBSCRIBE, b"")
             with trio.fail_after(10):
                 await arrived.wait()
-        assert publisher.statistics().subscriptions == 1
+            # Asked while the SUB is open: once it closes, its unsubscription may be counted.
+            assert publisher.statistics().subscriptions == 1
 
 
 async def test_endpoints_report_the_ports_really_bound() -> None:
