@@ -11,6 +11,10 @@ from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
 
+import trio
+import trio.testing
+import zmq
+
 from tskv._bench.capacity import _trio_capacity
 from tskv._bench.codec_costs import _per_call
 from tskv._bench.processes import fmt, in_fresh_process
@@ -22,11 +26,14 @@ from tskv._bench.rounds import (
     churn_maker,
     fill_rounds,
 )
+from tskv.core import frames
 from tskv.core.codec import encode_round
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
 from tskv.core.events import KVEvent
 from tskv.core.snapshot import CacheState, SnapshotBuilder
+from tskv.shells._trio_zmq import TrioSocket
+from tskv.shells.publisher import open_publisher
 
 
 def _churn_round(make: Callable[[], list[KVEvent]], state: CacheState | None) -> None:
@@ -104,6 +111,44 @@ def _snapshot_time(blocks_wanted: int, conn: Connection) -> None:
     )
 
 
+def _serving_hold(blocks_wanted: int, conn: Connection) -> None:
+    """A publisher serving one snapshot to a client in its own loop: the longest time the loop
+    was held without another task running (a scheduler's loop, in a real engine), in ms."""
+
+    async def main() -> dict[str, float]:
+        config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+        async with open_publisher(config) as publisher, trio.open_nursery() as nursery:
+            make = churn_maker("small", blocks_wanted)
+            for _ in range(-(-blocks_wanted // blocks_per_round("small"))):
+                await publisher.publish(make())  # a new round each time, as a scheduler's
+            await trio.testing.wait_all_tasks_blocked()
+            longest = 0.0
+
+            async def tick() -> None:
+                nonlocal longest
+                last = time.perf_counter()
+                while True:
+                    await trio.lowlevel.checkpoint()
+                    now = time.perf_counter()
+                    longest, last = max(longest, now - last), now
+
+            assert publisher.replay_endpoint is not None
+            client = TrioSocket(zmq.Context.instance().socket(zmq.DEALER))
+            client.sock.connect(publisher.replay_endpoint)
+            nursery.start_soon(tick)
+            started = time.perf_counter()
+            await client.send(frames.snapshot_request())
+            part = frames.SnapshotPart
+            while isinstance(frames.parse_replay_reply(await client.receive()), part):
+                pass
+            served = time.perf_counter() - started
+            client.close()
+            nursery.cancel_scope.cancel()
+        return {"blocks": blocks_wanted, "served_ms": served * 1e3, "longest_ms": longest * 1e3}
+
+    conn.send(trio.run(main))
+
+
 def run_snapshot_capacity(shape: str, count: int, snapshots: bool) -> Row:
     """The Trio publisher with a replay endpoint, churning rounds, snapshots on or off, after
     filling the cache (a steady state)."""
@@ -165,3 +210,9 @@ def snapshots_section(reps: int, out: Callable[[str], None]) -> None:
             f"| {t['blocks']:,} | {t['freeze_ms']:.1f} ms | {t['parts_ms']:.0f} ms | "
             f"{t['parts']:,} | {t['longest_part_ms']:.2f} ms |"
         )
+    out("\nThrough a publisher, its client in the same loop (fresh process each):\n")
+    out("| blocks | served in | longest the loop was held |")
+    out("|---|---|---|")
+    for blocks in (100_000, 400_000):
+        t = in_fresh_process(_serving_hold, blocks)
+        out(f"| {t['blocks']:,} | {t['served_ms']:.0f} ms | {t['longest_ms']:.1f} ms |")
