@@ -126,8 +126,9 @@ def _router(
             cpu, readers_cpu, before = _cpu(watcher, len(endpoints))
             async with trio.open_nursery() as nursery:
                 latencies: dict[int, tuple[list[float], list[float]]] = {40: ([], []), 4: ([], [])}
+                waits: list[float] = []
                 if cached:
-                    nursery.start_soon(_ask, index, watcher, latencies)
+                    nursery.start_soon(_ask, index, watcher, latencies, waits)
                 wanted = await trio.to_thread.run_sync(conn.recv)
                 with trio.move_on_after(30):
                     for rank, last in enumerate(wanted):
@@ -142,6 +143,7 @@ def _router(
                     result[f"match_{blocks}"] = [
                         percentile(kind, share) for kind in times for share in (0.5, 0.99)
                     ]
+                result["query_wait"] = [percentile(waits, share) for share in (0.5, 0.99)]
                 result["indexed_at_end"] = len(index) / (len(endpoints) * cached)
                 result["wrong_views"] = await _wrong_views(watcher, wanted, cached)
             statuses = [watcher.status(rank) for rank in range(len(endpoints))]
@@ -181,12 +183,18 @@ def _cpu(watcher: Watcher, workers: int) -> tuple[float, float, int]:
 
 
 async def _ask(
-    index: PrefixIndex, watcher: Watcher, latencies: dict[int, tuple[list[float], list[float]]]
+    index: PrefixIndex,
+    watcher: Watcher,
+    latencies: dict[int, tuple[list[float], list[float]]],
+    waits: list[float],
 ) -> None:
     """Match a 2,000-token prompt every millisecond, by turns one whose first 40 blocks a worker
     holds (a recent round's chain of worker 0: its 10 events share their 64 token ids) and one
     whose first 4 are held, then tokens no one holds. Wall time, and this thread's CPU time
-    (the match's own cost, without the moments the OS ran another process instead)."""
+    (the match's own cost, without the moments the OS ran another process instead); and how
+    late each query began, as a request would wait for the router's loop (the OS's other
+    processes included)."""
+    due = trio.current_time()
     while True:
         for cached in latencies:
             recent = max((watcher.status(0).last_seq or 0) - 10, 0) * blocks_per_round("small")
@@ -196,7 +204,9 @@ async def _ask(
             index.match(prompt)
             latencies[cached][0].append((time.perf_counter() - began) * 1e6)
             latencies[cached][1].append((time.thread_time() - cpu) * 1e6)
-            await trio.sleep(0.001)
+            due = max(due + 0.001, trio.current_time())  # late ones are not made up for
+            await trio.sleep_until(due)
+            waits.append((trio.current_time() - due) * 1e6)
 
 
 def _bare_subscriber(endpoints: list[tuple[str, str]], conn: Connection) -> None:

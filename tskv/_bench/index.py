@@ -296,21 +296,23 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "index process | "
         "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
+        "a query's wait for the loop: p50 / p99 | "
         "index process memory a block | readers' | CPU per batch: index process, with readers | "
         "wrong views / losses at the end |"
     )
-    out("|---|---|---|---|---|---|---|---|---|---|")
+    out("|---|---|---|---|---|---|---|---|---|---|---|")
     for rate in (50, 5):
         run = watch_scale(64, processes=2, rate=rate, seconds=25, cached=50_000)
         matches = [
             "{:.0f} / {:.0f} µs, {:.0f} / {:.0f} µs".format(*run[f"match_{blocks}"])
             for blocks in (40, 4)
         ]
+        waited = "{:.0f} / {:.0f} µs".format(*run["query_wait"])
         out(
             f"| {rate} | {run['bootstrap_s']:.1f} s | {run['bootstrap_cpu_s']:.1f} s, "
             f"{run['bootstrap_index_cpu_s']:.1f} s | "
             f"{run['stale_after_bootstrap']} / "
-            f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | "
+            f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | {waited} | "
             f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | {run['cpu_us']:.0f} µs, "
             f"{run['total_cpu_us']:.0f} µs | {run['wrong_views']} / {run['losses']} |"
         )
