@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -363,3 +364,55 @@ async def test_a_quiet_workers_task_does_not_keep_the_snapshot_it_applied() -> N
             references = sys.getrefcount(record.batch)
             assert references == 2
             nursery.cancel_scope.cancel()
+
+
+async def test_the_index_process_lets_other_tasks_run_while_it_applies_a_readers_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader sends many batches' news in one frame: applied in one go, a frame held the
+    router's loop (its queries) for tens of ms."""
+    from tskv.shells import _reader_process
+    from tskv.shells.watcher import Watcher
+
+    ticks = 0
+    frames = 0
+    seen: list[tuple[int, int]] = []  # (frame, ticks) at each report applied
+    read_frames, mirrored = _reader_process._frames, Watcher.mirrored
+
+    async def counted_frames(stream: trio.abc.ReceiveStream) -> AsyncIterator[object]:
+        nonlocal frames
+        async for frame in read_frames(stream):
+            frames += 1
+            yield frame
+
+    def counted_mirrored(self: Watcher, worker: Worker, report: _reader_process.Report) -> None:
+        seen.append((frames, ticks))
+        mirrored(self, worker, report)
+
+    monkeypatch.setattr(_reader_process, "_frames", counted_frames)
+    monkeypatch.setattr(Watcher, "mirrored", counted_mirrored)
+    index = tskv.PrefixIndex(16)
+    async with (
+        tskv.open_publisher(CONFIG) as publisher,
+        tskv.open_watcher(index, processes=1) as watcher,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(tick)
+        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+        with trio.fail_after(20):
+            await watcher.wait_for_seq("w", -1)
+            for n in range(1_000):  # a burst: the reader's news of it comes in a few frames
+                await publisher.publish([BlockStored([n], None, [n % 7] * 16, 16)])
+            await watcher.wait_for_seq("w", 999)
+        nursery.cancel_scope.cancel()
+    by_frame: dict[int, set[int]] = {}
+    for frame, at in seen:
+        by_frame.setdefault(frame, set()).add(at)
+    assert any(len(at) > 1 for at in by_frame.values()), "no frame let another task run"

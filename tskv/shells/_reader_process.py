@@ -34,6 +34,7 @@ from tskv.core.errors import TskvError
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.shells._background import Pacer
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -277,9 +278,14 @@ class Reader:
 
     async def _receive(self, stdout: trio.abc.ReceiveStream) -> None:
         mirror = self._mirror
+        # A frame carries up to OUTBOX_BATCHES batches' news: applied in one go, it held the
+        # index's loop, and the queries a router answers there, for tens of ms.
+        pacer = Pacer()
         async for cpu_seconds, messages in _frames(stdout):
             self.cpu_seconds = cpu_seconds
             for message in messages:
+                if pacer.due():
+                    await pacer.yield_now()  # a report is applied whole, or not yet
                 kind = message[0]
                 if kind == "report":
                     entry = self.wanted.get(message[1])
