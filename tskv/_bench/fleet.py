@@ -116,6 +116,7 @@ def _router(
             for rank in range(len(endpoints)):
                 await watcher.wait_for_seq(rank, -1)  # its snapshot is in: current from here
             bootstrap = starting + trio.current_time() - began
+            conn.send("current")
             result: dict[str, Any] = {"bootstrap_s": bootstrap if cached else None}
             result.update(_bootstrapped(index, watcher, opened_cpu, len(endpoints) * cached))
             if cached:
@@ -300,9 +301,14 @@ def _watch_scale(
             ]
             for conn in conns:
                 assert conn.recv() == "ready"
-            publishers.send(0)  # routers subscribe once they are told the workers
+            if cached:  # the bootstrap is measured while the workers publish
+                publishers.send(0)  # routers subscribe once they are told the workers
             for conn in conns:
                 conn.send("go")
+            for conn in conns:
+                assert conn.recv() == "current"
+            if not cached:  # the publishers' CPU a batch is measured with every router current:
+                publishers.send(routers)  # connecting and bootstrapping cost them once, not a batch
             accepted, late, publisher_cpu, publisher_io = publishers.recv()
             for conn in conns:
                 conn.send(accepted)
