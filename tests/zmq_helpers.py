@@ -8,15 +8,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
+import trio.testing
 import zmq
 
-from tskv import KVEventBatch, Publisher, decode_batch
+from tskv import BlockStored, KVEventBatch, Publisher, decode_batch
 from tskv.core.frames import (
     parse_live_message,
     parse_replay_reply,
     parse_subscription,
     replay_request,
 )
+from tskv.core.snapshot import PART_BLOCKS
 from tskv.shells._trio_zmq import TrioSocket
 
 _names = itertools.count()
@@ -92,3 +94,11 @@ def free_loopback_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+async def publish_parts(publisher: Publisher, parts: int) -> None:
+    """A cache whose snapshot is `parts` parts: a part's worth of blocks a batch."""
+    for n in range(parts):
+        hashes = list(range(n * PART_BLOCKS, (n + 1) * PART_BLOCKS))
+        await publisher.publish([BlockStored(hashes, None, [n] * 16 * PART_BLOCKS, 16)])
+    await trio.testing.wait_all_tasks_blocked()

@@ -12,10 +12,9 @@ import trio.testing
 import zmq
 
 import tskv
-from tests.zmq_helpers import LOOPBACK, inproc_name, raw_socket
+from tests.zmq_helpers import LOOPBACK, inproc_name, publish_parts, raw_socket
 from tskv import KVEvent, Loss, LossReason
 from tskv.core import frames
-from tskv.core.snapshot import PART_BLOCKS
 from tskv.shells.publisher import REPLAY_PIPE
 from tskv.sim import CacheView, Simulator, Workload, run_round
 
@@ -197,14 +196,6 @@ async def test_the_threaded_publisher_serves_snapshots_of_what_it_published() ->
         await trio.to_thread.run_sync(publisher.shutdown)
 
 
-async def publish_parts(publisher: tskv.Publisher, parts: int) -> None:
-    """A cache whose snapshot is `parts` parts: a part's worth of blocks a batch."""
-    for n in range(parts):
-        hashes = list(range(n * PART_BLOCKS, (n + 1) * PART_BLOCKS))
-        await publisher.publish([tskv.BlockStored(hashes, None, [n] * 16 * PART_BLOCKS, 16)])
-    await trio.testing.wait_all_tasks_blocked()
-
-
 async def test_serving_a_snapshot_lets_the_publishers_loop_run_between_its_parts() -> None:
     """A part is encoded as it is sent, a few ms each: a snapshot of many parts sent in one
     turn would hold the scheduler's loop (and its live batches) for as long as it takes."""
@@ -242,11 +233,11 @@ async def test_decoding_a_snapshot_lets_the_consumers_loop_run_between_its_parts
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Decoded in one go, a 400,000-block snapshot held the consumer's loop for 0.65 s."""
-    from tskv.shells import subscriber as subscriber_module
+    from tskv.shells import _snapshot_parts as parts_module
 
     ticks = 0
     seen: list[int] = []  # the ticks counted at each part's decoding
-    decode = subscriber_module.decode_batch
+    decode = parts_module.decode_batch
 
     def counted(payload: bytes) -> tskv.KVEventBatch:
         seen.append(ticks)
@@ -267,7 +258,7 @@ async def test_decoding_a_snapshot_lets_the_consumers_loop_run_between_its_parts
         async with tskv.open_subscriber(
             publisher.endpoint, publisher.replay_endpoint, start_seq="snapshot"
         ) as sub:
-            monkeypatch.setattr(subscriber_module, "decode_batch", counted)
+            monkeypatch.setattr(parts_module, "decode_batch", counted)
             nursery.start_soon(tick)
             with trio.fail_after(60):
                 _, snapshot = await sub.__anext__()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import pytest
 import trio
@@ -14,12 +15,14 @@ import trio.testing
 import zmq
 
 import tskv
-from tests.zmq_helpers import LOOPBACK, free_loopback_port
+from tests.zmq_helpers import LOOPBACK, free_loopback_port, publish_parts
 from tskv import AllBlocksCleared, BlockStored, LossReason
 from tskv.core.prefix_index import Worker
+from tskv.core.snapshot import PART_BLOCKS
 from tskv.shells._following import Bootstraps, follow
+from tskv.shells._snapshot_parts import SnapshotParts
 from tskv.sim import Simulator, Workload, run_round
-from tskv.testing import ScriptedPublisher
+from tskv.testing import CORRUPT_PAYLOAD, ScriptedPublisher
 
 
 @pytest.fixture(params=[0, 2], ids=["here", "in-readers"])
@@ -314,7 +317,8 @@ async def test_snapshots_are_taken_a_few_at_a_time_and_one_that_never_comes_hold
 
 
 class _KeepingRecord:
-    """A follow loop's record that keeps the last batch it was given, and nothing else."""
+    """A follow loop's record that keeps the last batch (or snapshot part) it was given, and
+    nothing else."""
 
     def __init__(self) -> None:
         self.batch: tskv.KVEventBatch | None = None
@@ -329,6 +333,10 @@ class _KeepingRecord:
     def applied(self, worker: Worker, seq: int, batch: tskv.KVEventBatch) -> None:
         self.batch = batch
         self.got.set()
+
+    async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
+        async for part in snapshot:
+            self.applied(worker, seq, part)
 
     def lost(self, worker: Worker, loss: tskv.Loss) -> None:
         pass
@@ -416,3 +424,64 @@ async def test_the_index_process_lets_other_tasks_run_while_it_applies_a_readers
     for frame, at in seen:
         by_frame.setdefault(frame, set()).add(at)
     assert any(len(at) > 1 for at in by_frame.values()), "no frame let another task run"
+
+
+class _NotingIndex(tskv.PrefixIndex):
+    """An index that notes, as each batch is applied, its events and whether the worker was
+    stale just before (what a query at that moment would have been told)."""
+
+    def __init__(self) -> None:
+        super().__init__(16)
+        self.applied: list[tuple[int, bool]] = []
+
+    def apply(self, worker: Worker, batch: tskv.KVEventBatch | Iterable[tskv.KVEvent]) -> None:
+        assert isinstance(batch, tskv.KVEventBatch)
+        self.applied.append((len(batch.events), worker in self.stale))
+        super().apply(worker, batch)
+
+
+async def test_a_snapshot_is_applied_a_part_at_a_time_and_is_stale_until_its_last() -> None:
+    """Decoded whole before it was applied, a 50,000-block snapshot was about 30 MB of event
+    objects at once, and indexing them ran out of the CPU's caches."""
+    parts = 4
+    index = _NotingIndex()
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, tskv.open_watcher(index) as watcher:
+        await publish_parts(publisher, parts)
+        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+        with trio.fail_after(20):
+            await watcher.wait_for_seq("w", parts - 1)
+        # The clear and the first part's store, then a store a part: stale before each.
+        assert index.applied == [(2, True)] + [(1, True)] * (parts - 1)
+        assert index.stale == set() and len(index) == parts * PART_BLOCKS
+        assert watcher.status("w").batches == 1  # one delivery, however many parts
+
+
+async def test_a_snapshot_part_that_does_not_decode_leaves_the_worker_stale(
+    tskv_scripted: ScriptedPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts before it are in the index by then: the worker must not look whole."""
+    snapshot = ScriptedPublisher._snapshot
+
+    def second_part_corrupt(self: ScriptedPublisher, *args: Any) -> list[list[bytes]]:
+        replies = snapshot(self, *args)
+        replies[1] = [*replies[1][:-1], CORRUPT_PAYLOAD]
+        return replies
+
+    monkeypatch.setattr(ScriptedPublisher, "_snapshot", second_part_corrupt)
+    tskv_scripted.snapshot_part_blocks = 1
+    parent = None
+    for block in range(3):
+        tskv_scripted.send([BlockStored([block], parent, [block] * 16, 16)])
+        parent = block
+    losses: list[tskv.Loss] = []
+    index = _NotingIndex()
+    on_loss = lambda worker, loss: losses.append(loss)  # noqa: E731
+    async with tskv.open_watcher(index, on_loss=on_loss) as watcher:
+        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
+        with trio.fail_after(20):
+            await watcher.wait_for_loss("w")
+        assert losses == [tskv.Loss(0, 2, LossReason.UNDECODABLE)]
+        assert index.applied == [(2, True)]  # the clear and block 0; then the bad part
+        assert index.stale == {"w"} and index.match([0] * 16) == {"w": 1}
+        assert watcher.status("w").last_seq is None  # nothing was delivered

@@ -35,6 +35,7 @@ from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.shells._background import Pacer
+from tskv.shells._snapshot_parts import SnapshotParts
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -353,6 +354,11 @@ class _Outbox:
 
     def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None:
         self._watcher.applied(worker, seq, batch)
+        self._batches += 1
+        self._report(worker)
+
+    async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
+        await self._watcher.restored(worker, seq, snapshot)  # reported whole, once it is in
         self._batches += 1
         self._report(worker)
 

@@ -23,7 +23,7 @@ from tskv.core import frames
 from tskv.core.codec import SEEN, WireError, decode_batch
 from tskv.core.config import MAX_MESSAGE_BYTES, SubscriberConfig
 from tskv.core.endpoints import check_endpoint, should_bind
-from tskv.core.events import KVEvent, KVEventBatch, UnknownEvent
+from tskv.core.events import KVEventBatch, UnknownEvent
 from tskv.core.losses import Loss, LossCounts, LossReason
 from tskv.core.sequencer import (
     MAX_HELD,
@@ -53,6 +53,7 @@ from tskv.shells._monitor import SocketMonitor
 from tskv.shells._ratelimit import LogLimiter
 from tskv.shells._reachability import warn_if_unanswered
 from tskv.shells._replay_client import ReplayClient
+from tskv.shells._snapshot_parts import SnapshotParts
 from tskv.shells._trio_zmq import TrioSocket, attach
 
 logger = logging.getLogger(__name__)
@@ -157,6 +158,20 @@ class Subscriber(metaclass=NoPublicConstructor):
         """The next batch. Always a cancellation point; it lets other tasks run when it must
         wait, and otherwise at least every 64 batches or 0.5 ms (`Pacer`), as
         publish() does: a schedule point per batch would cost more than decoding it."""
+        while True:
+            delivery = await self.next_delivery()
+            if delivery is None:
+                raise StopAsyncIteration
+            seq, batch = delivery
+            if not isinstance(batch, SnapshotParts):
+                return seq, batch
+            whole = await batch.whole()
+            if whole is not None:  # else a part did not decode, and the loss is reported
+                return seq, whole
+
+    async def next_delivery(self) -> tuple[int, KVEventBatch | SnapshotParts] | None:
+        """The next batch, or a snapshot as its parts, to decode one at a time (the watcher's
+        followers apply each before the next); None at the end. As `__anext__` otherwise."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             while self._ready:
@@ -168,10 +183,7 @@ class Subscriber(metaclass=NoPublicConstructor):
                     self._report_silence(item)
                     continue
                 if isinstance(item, DeliverSnapshot):
-                    snapshot = await self._snapshot_batch(item)
-                    if snapshot is None:
-                        continue
-                    return item.seq, snapshot
+                    return item.seq, self._snapshot_parts(item)
                 # Decoded only now, one at a time: a burst decoded ahead would keep thousands
                 # of lists alive for the garbage collector to walk again and again.
                 unknown = SEEN.unknown_events
@@ -192,7 +204,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             try:
                 inbound = await self._inbox.receive()
             except (trio.EndOfChannel, trio.ClosedResourceError):
-                raise StopAsyncIteration from None
+                return None
             self._pacer.waited()
             if isinstance(inbound, Live):
                 for message in inbound.messages:
@@ -221,33 +233,23 @@ class Subscriber(metaclass=NoPublicConstructor):
                 event.type,
             )
 
-    async def _snapshot_batch(self, item: DeliverSnapshot) -> KVEventBatch | None:
-        """The snapshot's parts as one batch (it clears, then stores every cached block), after
-        reporting the batches it replaces; None, with the loss reported, if a part is bad.
-        Other tasks run between parts (a 400,000-block snapshot took 0.65 s to decode, which
-        held the loop), never cancelled there: the snapshot is out of the sequencer's hands."""
-        events: list[KVEvent] = []
-        first: KVEventBatch | None = None
-        for payload in item.payloads:
-            try:
-                part = decode_batch(payload)
-            except WireError as exc:
-                self._undecodable += 1
-                self._bad_log.warning("snapshot after seq %d does not decode: %s", item.seq, exc)
-                start = 0 if item.replaced is None else item.replaced
-                self._report(Loss(start, item.seq, LossReason.UNDECODABLE))
-                return None
-            if first is None:
-                first = part
-            events.extend(part.events)
-            if self._pacer.due():
-                await self._pacer.yield_now()
-        assert first is not None  # a snapshot has a part, at least the one that clears
-        if item.replaced is not None:
-            self._report(Loss(item.replaced, item.seq, LossReason.SNAPSHOT))
-        self._snapshots += 1
-        self._delivered += 1
-        return KVEventBatch(first.ts, events, first.attn_dp_rank)
+    def _snapshot_parts(self, item: DeliverSnapshot) -> SnapshotParts:
+        """The snapshot's parts; once the last decodes, the batches it replaces are reported
+        (and if one does not, everything up to its seq is)."""
+
+        def failed(exc: WireError) -> None:
+            self._undecodable += 1
+            self._bad_log.warning("snapshot after seq %d does not decode: %s", item.seq, exc)
+            start = 0 if item.replaced is None else item.replaced
+            self._report(Loss(start, item.seq, LossReason.UNDECODABLE))
+
+        def completed() -> None:
+            if item.replaced is not None:
+                self._report(Loss(item.replaced, item.seq, LossReason.SNAPSHOT))
+            self._snapshots += 1
+            self._delivered += 1
+
+        return SnapshotParts(item.seq, item.payloads, self._pacer, failed, completed)
 
     def _take_live(self, message: list[bytes]) -> list[Action]:
         self._received += 1

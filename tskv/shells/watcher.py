@@ -31,11 +31,12 @@ from tskv.core.endpoints import check_endpoint
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import PrefixIndex, Worker
-from tskv.core.worker_view import ViewChange, WorkerView
+from tskv.core.worker_view import CURRENT, STALE, ViewChange, WorkerView
 from tskv.shells._background import background_tasks
 from tskv.shells._constructor import NoPublicConstructor
 from tskv.shells._following import SNAPSHOTS_AT_ONCE, Bootstraps, Record, follow
 from tskv.shells._reader_process import Reader, ReaderStatus, Report
+from tskv.shells._snapshot_parts import SnapshotParts, restore
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,10 @@ class Watcher(metaclass=NoPublicConstructor):
             self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
             self._delivered(worker, seq)
 
+    async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
+        if await restore(self.index, worker, snapshot, lambda: worker in self._watched):
+            self._delivered(worker, seq)
+
     def _delivered(self, worker: Worker, seq: int) -> None:
         watched = self._watched[worker]
         if watched.view.from_start:
@@ -255,16 +260,7 @@ class Watcher(metaclass=NoPublicConstructor):
         watched.last_error = error
         watched.changed.unpark_all()
         if log:
-            self._log_failure(worker, watched, error, retry_in)
-
-    def _log_failure(self, worker: Worker, watched: _Watched, error: str, retry: float) -> None:
-        logger.warning(
-            "watching %r on %s failed (%s); trying again in %.1f s",
-            worker,
-            watched.endpoint,
-            error,
-            retry,
-        )
+            _log_failure(worker, watched, error, retry_in)
 
     def resubscribed(self, worker: Worker) -> None:
         watched = self._watched.get(worker)
@@ -281,10 +277,7 @@ class Watcher(metaclass=NoPublicConstructor):
         if watched is None:
             return
         self.index.apply_changes(worker, report.changes, strings=report.strings)
-        if report.stale:
-            self.index.mark_stale(worker)
-        else:
-            self.index.mark_current(worker)
+        self._change(worker, STALE if report.stale else CURRENT)
         batches, losses, failures = watched.counted
         watched.batches = batches + report.batches
         watched.losses = losses + report.losses
@@ -295,7 +288,7 @@ class Watcher(metaclass=NoPublicConstructor):
         if report.loss is not None and self._on_loss is not None:
             self._on_loss(worker, report.loss)
         if report.failure is not None:
-            self._log_failure(worker, watched, *report.failure)
+            _log_failure(worker, watched, *report.failure)
 
     def reader_lost(self, workers: list[Worker]) -> None:
         """Their reader process ended: what the index holds of them is forgotten, and they are
@@ -322,6 +315,16 @@ class Watcher(metaclass=NoPublicConstructor):
 
 
 WATCHER_SETS = frozenset({"start_seq", "on_loss", "on_silence"})
+
+
+def _log_failure(worker: Worker, watched: _Watched, error: str, retry: float) -> None:
+    logger.warning(
+        "watching %r on %s failed (%s); trying again in %.1f s",
+        worker,
+        watched.endpoint,
+        error,
+        retry,
+    )
 
 
 def _changed(config: SubscriberConfig, settings: dict[str, Any]) -> SubscriberConfig:
