@@ -485,3 +485,35 @@ async def test_a_snapshot_part_that_does_not_decode_leaves_the_worker_stale(
         assert index.applied == [(2, True)]  # the clear and block 0; then the bad part
         assert index.stale == {"w"} and index.match([0] * 16) == {"w": 1}
         assert watcher.status("w").last_seq is None  # nothing was delivered
+
+
+async def test_a_reader_reports_a_snapshot_a_part_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reported whole, a 50,000-block snapshot held the index process's loop, and the queries
+    in it, for 25-50 ms."""
+    from tskv.shells.watcher import Watcher
+
+    reports: list[tuple[int, bool]] = []  # each report that takes holds: how many, stale
+    mirrored = Watcher.mirrored
+
+    def noting(self: Watcher, worker: Worker, report: Any) -> None:
+        taken = sum(len(keys) for keys in report.changes[::2])
+        if taken:
+            reports.append((taken, report.stale))
+        mirrored(self, worker, report)
+
+    monkeypatch.setattr(Watcher, "mirrored", noting)
+    parts = 4
+    index = tskv.PrefixIndex(16)
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with (
+        tskv.open_publisher(config) as publisher,
+        tskv.open_watcher(index, processes=1) as watcher,
+    ):
+        await publish_parts(publisher, parts)
+        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+        with trio.fail_after(30):
+            await watcher.wait_for_seq("w", parts - 1)
+        assert reports == [(PART_BLOCKS, True)] * (parts - 1) + [(PART_BLOCKS, False)]
+        assert index.stale == set() and len(index) == parts * PART_BLOCKS

@@ -358,7 +358,16 @@ class _Outbox:
         self._report(worker)
 
     async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
-        await self._watcher.restored(worker, seq, snapshot)  # reported whole, once it is in
+        """Reported a part at a time (stale until the last), so the index's process applies a
+        large snapshot in steps between its queries, not in one go (25-50 ms at 50,000 blocks).
+        """
+
+        async def reported() -> None:
+            self._batches += 1
+            self._report(worker)
+            await self.room()
+
+        await self._watcher.restored(worker, seq, snapshot, reported)
         self._batches += 1
         self._report(worker)
 

@@ -9,7 +9,7 @@ decoded beforehand (docs/performance.md#one-router-over-a-fleet, item 15).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tskv.core.codec import WireError, decode_batch
 from tskv.core.events import KVEvent, KVEventBatch
@@ -82,12 +82,17 @@ class SnapshotParts:
 
 
 async def restore(
-    index: PrefixIndex, worker: Worker, snapshot: SnapshotParts, wanted: Callable[[], bool]
+    index: PrefixIndex,
+    worker: Worker,
+    snapshot: SnapshotParts,
+    wanted: Callable[[], bool],
+    between: Callable[[], Awaitable[None]] | None = None,
 ) -> bool:
-    """Apply `worker`'s snapshot to `index` a part at a time, while `wanted`; whether all of it
-    was. The worker is stale until its last part is in, so no query trusts a half-restored
-    view; then it is as the whole snapshot would have left it (one that clears the view, as
-    every snapshot's first part does, makes it whole)."""
+    """Apply `worker`'s snapshot to `index` a part at a time, while `wanted`, awaiting `between`
+    after each part but the last; whether all of it was. The worker is stale until its last
+    part is in, so no query trusts a half-restored view; then it is as the whole snapshot would
+    have left it (one that clears the view, as every snapshot's first part does, makes it
+    whole)."""
     whole = False
     async for part in snapshot:
         if not wanted():
@@ -95,6 +100,8 @@ async def restore(
         index.apply(worker, part)
         whole = whole or worker not in index.stale
         index.mark_stale(worker)
+        if between is not None and not snapshot.complete:
+            await between()
     if whole and snapshot.complete:
         index.mark_current(worker)
     return snapshot.complete

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, final
 
@@ -222,8 +222,14 @@ class Watcher(metaclass=NoPublicConstructor):
             self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
             self._delivered(worker, seq)
 
-    async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
-        if await restore(self.index, worker, snapshot, lambda: worker in self._watched):
+    async def restored(
+        self,
+        worker: Worker,
+        seq: int,
+        snapshot: SnapshotParts,
+        between: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        if await restore(self.index, worker, snapshot, lambda: worker in self._watched, between):
             self._delivered(worker, seq)
 
     def _delivered(self, worker: Worker, seq: int) -> None:
