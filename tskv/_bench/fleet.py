@@ -102,10 +102,7 @@ def _router(
         index = PrefixIndex(BLOCK)
         memory = rss()
         opened, opened_cpu = trio.current_time(), time.process_time()
-        # A publisher serving a 50,000-block snapshot while 63 others in its process do too
-        # takes longer than the default 5 s to send its next part; it is busy, not gone.
-        timeout = 60.0 if cached else 5.0
-        async with open_watcher(index, processes=processes, replay_timeout=timeout) as watcher:
+        async with open_watcher(index, processes=processes) as watcher:  # the defaults
             readers_memory = [rss(reader.pid) for reader in watcher.readers]
             starting = trio.current_time() - opened  # the reader processes
             conn.send("ready")
