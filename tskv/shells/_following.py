@@ -106,7 +106,7 @@ async def follow(
             async with subscribe(
                 endpoint, replay_endpoint, config, on_loss=lost, on_silence=silence, context=context
             ) as sub:
-                while (delivery := await sub.next_delivery()) is not None:
+                while (delivery := await sub._next_delivery()) is not None:
                     bootstraps.done(turn)
                     await record.room()
                     seq, batch = delivery

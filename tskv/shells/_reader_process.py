@@ -358,9 +358,8 @@ class _Outbox:
         self._report(worker)
 
     async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
-        """Reported a part at a time (stale until the last), so the index's process applies a
-        large snapshot in steps between its queries, not in one go (25-50 ms at 50,000 blocks).
-        """
+        """Reported a part at a time (stale until the last): the index's process mirrors it
+        in steps between its queries, not in one go (25-50 ms at 50,000 blocks)."""
 
         async def reported() -> None:
             self._batches += 1

@@ -18,7 +18,7 @@ from tskv.shells._background import Pacer
 
 
 class SnapshotParts:
-    """The parts of the snapshot under `seq`, decoded one at a time as they are iterated.
+    """A snapshot's parts, decoded one at a time as they are iterated.
     Other tasks run between parts, never cancelled there (the snapshot is out of the
     sequencer's hands). A part that does not decode ends the iteration early, after `failed`
     has reported the loss; `completed` runs as the last part is decoded, before it is handed
@@ -26,23 +26,17 @@ class SnapshotParts:
 
     def __init__(
         self,
-        seq: int,
         payloads: list[bytes],
         pacer: Pacer,
         failed: Callable[[WireError], None],
         completed: Callable[[], None],
     ) -> None:
-        self.seq = seq
         self._payloads = payloads
         self._pacer = pacer
         self._failed = failed
         self._completed = completed
         self._taken = 0
         self._broken = False
-
-    @property
-    def parts(self) -> int:
-        return len(self._payloads)
 
     @property
     def complete(self) -> bool:

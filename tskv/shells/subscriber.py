@@ -159,7 +159,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         wait, and otherwise at least every 64 batches or 0.5 ms (`Pacer`), as
         publish() does: a schedule point per batch would cost more than decoding it."""
         while True:
-            delivery = await self.next_delivery()
+            delivery = await self._next_delivery()
             if delivery is None:
                 raise StopAsyncIteration
             seq, batch = delivery
@@ -169,9 +169,10 @@ class Subscriber(metaclass=NoPublicConstructor):
             if whole is not None:  # else a part did not decode, and the loss is reported
                 return seq, whole
 
-    async def next_delivery(self) -> tuple[int, KVEventBatch | SnapshotParts] | None:
-        """The next batch, or a snapshot as its parts, to decode one at a time (the watcher's
-        followers apply each before the next); None at the end. As `__anext__` otherwise."""
+    async def _next_delivery(self) -> tuple[int, KVEventBatch | SnapshotParts] | None:
+        """The next batch, or a snapshot as its parts, to decode one at a time (for the
+        watcher's followers, which apply each before the next); None at the end. Otherwise as
+        `__anext__`."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             while self._ready:
@@ -249,7 +250,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             self._snapshots += 1
             self._delivered += 1
 
-        return SnapshotParts(item.seq, item.payloads, self._pacer, failed, completed)
+        return SnapshotParts(item.payloads, self._pacer, failed, completed)
 
     def _take_live(self, message: list[bytes]) -> list[Action]:
         self._received += 1
