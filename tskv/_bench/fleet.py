@@ -25,6 +25,7 @@ from tskv.shells.publisher import Publisher, open_publisher
 from tskv.shells.watcher import Watcher, open_watcher
 
 PROMPT = 2_000  # tokens of the prompt matched while the index applies the stream
+STEADY = 10.0  # seconds a router with a cache measures its CPU per batch, once current
 
 
 def _publish_workers(
@@ -32,7 +33,8 @@ def _publish_workers(
 ) -> None:
     """`workers` publishers in this process, each caching `cached` blocks first (as fast as it
     can), then a small round (10 events of 4 blocks, as many of the oldest removed) `rate`
-    times a second for `seconds`; reports what each published and its CPU per batch."""
+    times a second for `seconds` (with a cache, and on until told to stop: the routers measure
+    once they are current); reports what each published and its CPU per batch."""
 
     async def main() -> None:
         config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
@@ -56,19 +58,22 @@ def _publish_workers(
             with trio.fail_after(30):  # a subscriber that never came fails the run
                 for publisher in publishers:  # bare subscribers: their subscriptions are in
                     await publisher.wait_for_subscriber(subscribers)
-            next_round, late = trio.current_time(), 0
+            next_round, late, rounds = trio.current_time(), 0, 0
             cpu, io = time.process_time(), zmq_io_seconds()
-            for _ in range(int(seconds * rate)):
+            while rounds < seconds * rate or (cached and not conn.poll(0)):
                 for publisher, make in zip(publishers, makers, strict=True):
                     await publisher.publish(make())
+                rounds += 1
                 next_round += 1 / rate
                 late += trio.current_time() > next_round
                 await trio.sleep_until(next_round)
-            batches = int(seconds * rate) * workers
+            if cached:
+                conn.recv()  # the routers have measured: stop
+            batches = rounds * workers
             cpu, io = (time.process_time() - cpu) / batches, (zmq_io_seconds() - io) / batches
             for publisher, make in zip(publishers, makers, strict=True):
                 await publisher.publish(make())  # so a gap at the very end is noticed
-            conn.send(([p.accepted for p in publishers], late, cpu, io))
+            conn.send(([p.accepted for p in publishers], (late, rounds), cpu, io))
             await trio.to_thread.run_sync(conn.recv)
             nursery.cancel_scope.cancel()
 
@@ -94,8 +99,8 @@ def _router(
 ) -> None:
     """One router: a watcher over every worker. With a prefilled cache it measures the
     bootstrap, then queries while the stream is applied; it reports each worker's last seq and
-    losses, and CPU per batch of its own process and with its readers' (which inherit `nice`).
-    """
+    losses, and CPU per batch of its own process and with its readers' (which inherit `nice`):
+    with a cache, over `STEADY` seconds once every worker is current, less the queries' own."""
     os.nice(nice)
 
     async def main() -> None:
@@ -121,27 +126,27 @@ def _router(
                 now = [rss(reader.pid) for reader in watcher.readers]
                 grown = sum(now) - sum(readers_memory)
                 result["reader_bytes"] = grown / len(index) if watcher.readers else None
-            cpu, readers_cpu, before = _cpu(watcher, len(endpoints))
             async with trio.open_nursery() as nursery:
-                latencies: dict[int, tuple[list[float], list[float]]] = {40: ([], []), 4: ([], [])}
-                waits: list[float] = []
+                queries = _Queries()
+                before = _cpu(watcher, len(endpoints))
                 if cached:
-                    nursery.start_soon(_ask, index, watcher, latencies, waits)
+                    nursery.start_soon(_ask, index, watcher, queries)
+                    await trio.sleep(STEADY)
+                    result.update(_per_batch(watcher, len(endpoints), before, queries.cpu))
+                    conn.send("measured")
                 wanted = await trio.to_thread.run_sync(conn.recv)
                 with trio.move_on_after(30):
                     for rank, last in enumerate(wanted):
                         await watcher.wait_for_seq(rank, last - 1)
                 nursery.cancel_scope.cancel()
-            cpu_after, readers_after, after = _cpu(watcher, len(endpoints))
-            applied = max(after - before, 1)
-            result["cpu_us"] = (cpu_after - cpu) / applied * 1e6
-            result["total_cpu_us"] = (cpu_after - cpu + readers_after - readers_cpu) / applied * 1e6
+            if not cached:
+                result.update(_per_batch(watcher, len(endpoints), before, 0.0))
             if cached:
-                for blocks, times in latencies.items():
+                for blocks, times in queries.latencies.items():
                     result[f"match_{blocks}"] = [
                         percentile(kind, share) for kind in times for share in (0.5, 0.99)
                     ]
-                result["query_wait"] = [percentile(waits, share) for share in (0.5, 0.99)]
+                result["query_wait"] = [percentile(queries.waits, share) for share in (0.5, 0.99)]
                 result["indexed_at_end"] = len(index) / (len(endpoints) * cached)
                 result["wrong_views"] = await _wrong_views(watcher, wanted, cached)
             statuses = [watcher.status(rank) for rank in range(len(endpoints))]
@@ -174,18 +179,39 @@ async def _wrong_views(watcher: Watcher, published: list[int], cached: int) -> i
     return wrong
 
 
+def _per_batch(
+    watcher: Watcher, workers: int, before: tuple[float, float, int], queries: float
+) -> dict[str, float]:
+    """CPU per batch applied since `before`: the index's process, less `queries` (the CPU
+    seconds of the bench's own queries in it), and with the readers."""
+    cpu, readers, batches = _cpu(watcher, workers)
+    applied = max(batches - before[2], 1)
+    index = cpu - before[0] - queries
+    return {
+        "cpu_us": index / applied * 1e6,
+        "total_cpu_us": (index + readers - before[1]) / applied * 1e6,
+        "queries_cpu_us": queries / applied * 1e6,
+    }
+
+
 def _cpu(watcher: Watcher, workers: int) -> tuple[float, float, int]:
     """This process's CPU seconds, its readers' (as they last reported), batches applied."""
     readers = sum(reader.cpu_seconds for reader in watcher.readers)
     return time.process_time(), readers, sum(watcher.status(w).batches for w in range(workers))
 
 
-async def _ask(
-    index: PrefixIndex,
-    watcher: Watcher,
-    latencies: dict[int, tuple[list[float], list[float]]],
-    waits: list[float],
-) -> None:
+class _Queries:
+    """What the bench's queries measured, and the CPU they took making their prompts and
+    matching them (the bench's, not the index's: a router's requests come with their tokens)."""
+
+    def __init__(self) -> None:
+        # blocks held -> (wall, CPU) µs of each match
+        self.latencies: dict[int, tuple[list[float], list[float]]] = {40: ([], []), 4: ([], [])}
+        self.waits: list[float] = []  # µs each began late
+        self.cpu = 0.0  # s
+
+
+async def _ask(index: PrefixIndex, watcher: Watcher, queries: _Queries) -> None:
     """Match a 2,000-token prompt every millisecond, by turns one whose first 40 blocks a worker
     holds (a recent round's chain of worker 0: its 10 events share their 64 token ids) and one
     whose first 4 are held, then tokens no one holds. Wall time, and this thread's CPU time
@@ -193,8 +219,10 @@ async def _ask(
     late each query began, as a request would wait for the router's loop (the OS's other
     processes included)."""
     due = trio.current_time()
+    latencies = queries.latencies
     while True:
         for cached in latencies:
+            made = time.thread_time()
             recent = max((watcher.status(0).last_seq or 0) - 10, 0) * blocks_per_round("small")
             chain = (list(range(1000 + recent, 1000 + recent + 64)) * 10)[: cached * BLOCK]
             prompt = chain + list(range(900_000_000, 900_000_000 + PROMPT - len(chain)))
@@ -202,9 +230,10 @@ async def _ask(
             index.match(prompt)
             latencies[cached][0].append((time.perf_counter() - began) * 1e6)
             latencies[cached][1].append((time.thread_time() - cpu) * 1e6)
+            queries.cpu += time.thread_time() - made
             due = max(due + 0.001, trio.current_time())  # late ones are not made up for
             await trio.sleep_until(due)
-            waits.append((trio.current_time() - due) * 1e6)
+            queries.waits.append((trio.current_time() - due) * 1e6)
 
 
 def _bare_subscriber(endpoints: list[tuple[str, str]], conn: Connection) -> None:
@@ -304,9 +333,13 @@ def _watch_scale(
                 conn.send("go")
             for conn in conns:
                 assert conn.recv() == "current"
-            if not cached:  # the publishers' CPU a batch is measured with every router current:
+            if cached:  # each router measures its steady state, then the rounds stop
+                for conn in conns:
+                    assert conn.recv() == "measured"
+                publishers.send("stop")
+            else:  # the publishers' CPU a batch is measured with every router current:
                 publishers.send(routers)  # connecting and bootstrapping cost them once, not a batch
-            accepted, late, publisher_cpu, publisher_io = publishers.recv()
+            accepted, (late, rounds), publisher_cpu, publisher_io = publishers.recv()
             for conn in conns:
                 conn.send(accepted)
             answers = [conn.recv() for conn in conns]
@@ -328,7 +361,7 @@ def _watch_scale(
         "behind": behind,
         "losses": sum(lost for answer in answers for _, lost in answer["report"]),
         "late_rounds": late,
-        "rounds": int(seconds * rate),
+        "rounds": rounds,
         "publisher_cpu_us": publisher_cpu * 1e6,
         "publisher_io_us": publisher_io * 1e6,  # of publisher_cpu_us: ZeroMQ's I/O thread
     }

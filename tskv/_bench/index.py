@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tskv._bench.fleet import PROMPT, subscriber_cost, watch_scale
+from tskv._bench.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
 from tskv._bench.processes import in_fresh_process, percentile
 from tskv._bench.rounds import BLOCK
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
@@ -287,9 +287,12 @@ def _keeping_current(out: Callable[[str], None]) -> None:
 def _fleet_caches(out: Callable[[str], None]) -> None:
     out("\n## A fleet's caches: bootstrap, queries while applying, memory\n")
     out(
-        "64 workers × 50,000 cached blocks (3.2M, each worker its own content), publishing small "
-        "rounds throughout, 2 reader processes; a 2,000-token prompt matched every millisecond "
-        "(wall / CPU time of the matching thread):\n"
+        "64 workers × 50,000 cached blocks (3.2M, each worker its own content), publishing "
+        "small rounds throughout (from before the routers subscribe until each has measured its "
+        f"CPU per batch for {STEADY:.0f} s once every worker is current), 2 reader processes; a "
+        "2,000-token prompt matched every millisecond (wall / CPU time of the matching thread; "
+        "the index process's CPU per batch leaves out what making and matching the prompts "
+        "took, not their wakeups):\n"
     )
     out(
         "| rounds/s each | open_watcher to every worker current | its CPU: all processes, "
@@ -297,12 +300,13 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
         "a query's wait for the loop: p50 / p99 | "
-        "index process memory a block | readers' | CPU per batch: index process, with readers | "
+        "index process memory a block | readers' | CPU per batch once current: index process, "
+        "with readers | "
         "wrong views / losses at the end |"
     )
     out("|---|---|---|---|---|---|---|---|---|---|---|")
     for rate in (50, 5):
-        run = watch_scale(64, processes=2, rate=rate, seconds=25, cached=50_000)
+        run = watch_scale(64, processes=2, rate=rate, seconds=5, cached=50_000)
         matches = [
             "{:.0f} / {:.0f} µs, {:.0f} / {:.0f} µs".format(*run[f"match_{blocks}"])
             for blocks in (40, 4)
