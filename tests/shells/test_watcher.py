@@ -517,3 +517,26 @@ async def test_a_reader_reports_a_snapshot_a_part_at_a_time(
             await watcher.wait_for_seq("w", parts - 1)
         assert reports == [(PART_BLOCKS, True)] * (parts - 1) + [(PART_BLOCKS, False)]
         assert index.stale == set() and len(index) == parts * PART_BLOCKS
+
+
+async def test_a_worker_removed_while_its_snapshot_is_applied_stays_out_of_the_index() -> None:
+    """Its follower is cancelled only at its next checkpoint; parts applied after `remove`
+    would bring the worker back into the index, with no follower to keep it."""
+    parts = 4
+    first_part_in = trio.Event()
+
+    class _Removing(_NotingIndex):
+        def apply(self, worker: Worker, batch: Any) -> None:
+            super().apply(worker, batch)
+            first_part_in.set()
+
+    index = _Removing()
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, tskv.open_watcher(index) as watcher:
+        await publish_parts(publisher, parts)
+        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+        with trio.fail_after(20):
+            await first_part_in.wait()
+        watcher.remove("w")
+        await trio.testing.wait_all_tasks_blocked()
+        assert "w" not in index.workers and len(index) == 0
