@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -440,15 +441,27 @@ class _NotingIndex(tskv.PrefixIndex):
         super().apply(worker, batch)
 
 
+@asynccontextmanager
+async def _watching_parts(
+    index: tskv.PrefixIndex, parts: int, processes: int = 0
+) -> AsyncIterator[tskv.Watcher]:
+    """A publisher whose snapshot is `parts` parts, and a watcher following it as worker "w"."""
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with (
+        tskv.open_publisher(config) as publisher,
+        tskv.open_watcher(index, processes=processes) as watcher,
+    ):
+        await publish_parts(publisher, parts)
+        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+        yield watcher
+
+
 async def test_a_snapshot_is_applied_a_part_at_a_time_and_is_stale_until_its_last() -> None:
-    """Decoded whole before it was applied, a 50,000-block snapshot was about 30 MB of event
+    """Decoded whole before it was applied, a 50,000-block snapshot was about 35 MB of event
     objects at once, and indexing them ran out of the CPU's caches."""
     parts = 4
     index = _NotingIndex()
-    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
-    async with tskv.open_publisher(config) as publisher, tskv.open_watcher(index) as watcher:
-        await publish_parts(publisher, parts)
-        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+    async with _watching_parts(index, parts) as watcher:
         with trio.fail_after(20):
             await watcher.wait_for_seq("w", parts - 1)
         # The clear and the first part's store, then a store a part: stale before each.
@@ -506,13 +519,7 @@ async def test_a_reader_reports_a_snapshot_a_part_at_a_time(
     monkeypatch.setattr(Watcher, "mirrored", noting)
     parts = 4
     index = tskv.PrefixIndex(16)
-    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
-    async with (
-        tskv.open_publisher(config) as publisher,
-        tskv.open_watcher(index, processes=1) as watcher,
-    ):
-        await publish_parts(publisher, parts)
-        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+    async with _watching_parts(index, parts, processes=1) as watcher:
         with trio.fail_after(30):
             await watcher.wait_for_seq("w", parts - 1)
         assert reports == [(PART_BLOCKS, True)] * (parts - 1) + [(PART_BLOCKS, False)]
@@ -531,10 +538,7 @@ async def test_a_worker_removed_while_its_snapshot_is_applied_stays_out_of_the_i
             first_part_in.set()
 
     index = _Removing()
-    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
-    async with tskv.open_publisher(config) as publisher, tskv.open_watcher(index) as watcher:
-        await publish_parts(publisher, parts)
-        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+    async with _watching_parts(index, parts) as watcher:
         with trio.fail_after(20):
             await first_part_in.wait()
         watcher.remove("w")
