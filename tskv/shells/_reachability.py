@@ -29,10 +29,15 @@ NO_SUBSCRIBER_HINT = (
 
 @trio.lowlevel.enable_ki_protection
 async def warn_if_unanswered(
-    endpoint: str, monitor: SocketMonitor, after: float, peer: str = "publisher"
+    endpoint: str,
+    monitor: SocketMonitor,
+    after: float,
+    peer: str = "publisher",
+    hint: str = NO_PUBLISHER_HINT,
 ) -> None:
     """A peer that never answers (a wrong address, a host that does not resolve, a handshake
-    that keeps failing, both sides connecting) would otherwise leave this side silent forever."""
+    that keeps failing, both sides connecting) would otherwise leave this side silent forever;
+    `hint` is what to check when nothing more precise can be told."""
     if endpoint.startswith("inproc://"):
         return  # no handshake to watch (and no address or host to get wrong)
     with trio.move_on_after(after):
@@ -44,7 +49,7 @@ async def warn_if_unanswered(
         peer,
         endpoint,
         after,
-        problem or (NO_PUBLISHER_HINT if peer == "publisher" else NO_SUBSCRIBER_HINT),
+        problem or hint,
     )
 
 

@@ -354,6 +354,10 @@ class _Outbox:
 
     def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None:
         self._watcher.applied(worker, seq, batch)
+        self._report_batch(worker)
+
+    def _report_batch(self, worker: Worker) -> None:
+        """Queue a report of a batch (or a snapshot's part) applied: counted for `room`."""
         self._batches += 1
         self._report(worker)
 
@@ -362,13 +366,11 @@ class _Outbox:
         in steps between its queries, not in one go (25-50 ms at 50,000 blocks)."""
 
         async def reported() -> None:
-            self._batches += 1
-            self._report(worker)
+            self._report_batch(worker)
             await self.room()
 
         await self._watcher.restored(worker, seq, snapshot, reported)
-        self._batches += 1
-        self._report(worker)
+        self._report_batch(worker)
 
     def lost(self, worker: Worker, loss: Loss) -> None:
         self._watcher.lost(worker, loss)

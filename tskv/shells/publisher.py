@@ -37,7 +37,7 @@ from tskv.shells._background import Pacer, background_tasks
 from tskv.shells._constructor import NoPublicConstructor
 from tskv.shells._monitor import SocketMonitor
 from tskv.shells._publish_task import PublishTask, Queued
-from tskv.shells._reachability import warn_if_unanswered
+from tskv.shells._reachability import NO_SUBSCRIBER_HINT, warn_if_unanswered
 from tskv.shells._replay_task import ReplayTask
 from tskv.shells._trio_zmq import open_socket
 from tskv.shells._zap import ZapHandler
@@ -327,8 +327,8 @@ async def open_publisher(
         async with background_tasks() as nursery:
             watch.start(nursery)
             if not binds:
-                after = UNANSWERED_AFTER
-                nursery.start_soon(warn_if_unanswered, endpoint, pub_monitor, after, "subscriber")
+                args = (endpoint, pub_monitor, UNANSWERED_AFTER, "subscriber", NO_SUBSCRIBER_HINT)
+                nursery.start_soon(warn_if_unanswered, *args)
             nursery.start_soon(publishing.run, lambda: publisher.accepted)
             if replaying is not None:
                 nursery.start_soon(replaying.run)
