@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, groupby
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from tskv.core.codec import DroppedFields, decode_batch, encode_round
@@ -259,47 +259,49 @@ def _stores(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
 
 
 def _runs(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
-    """Consecutive cached blocks stored by the same event, as one BlockStored each. A block is
-    marked gone out only after its run is made, so every payload read here is still there."""
-    items = iter(blocks.items())
-    pending = next(items, None)
-    decoded: bytes = b""  # the last payload read again, its events, and which stored what
-    events: Sequence[KVEvent] = []
+    """Consecutive cached blocks stored by the same event, as one BlockStored each.
+
+    The cached blocks a batch stored sit together in the dict (their lives began with it), so
+    each batch is decoded once. In the usual batch all of them are still cached, in its order:
+    its events are then the runs as they are, with no block looked at on its own. A block is
+    marked gone out only after its run is made, so every payload read here is still there.
+    """
+    for payload, group in groupby(blocks.items(), itemgetter(1)):
+        cached = [block for block, _ in group]
+        stores = [
+            event
+            for event in decode_batch(payload).events
+            if isinstance(event, BlockStored)
+            and (tier is None or (event.medium, event.group_idx) == tier)
+        ]
+        if cached == list(chain.from_iterable(event.block_hashes for event in stores)):
+            yield from stores
+        else:
+            yield from _cut(cached, stores)
+
+
+def _cut(cached: list[int], stores: list[BlockStored]) -> Iterator[BlockStored]:
+    """The runs of one batch's cached blocks when some were removed or stored twice: each
+    block's current life is the last event of the batch that stores it."""
     storer: dict[int, int] = {}
-    while pending is not None:
-        first, payload = pending
-        if payload is not decoded:  # one batch's blocks come together: decode it once
-            decoded, events = payload, decode_batch(payload).events
-            storer = _storers(events, tier)
-        index = storer[first]
-        event = events[index]
-        assert isinstance(event, BlockStored)
-        hashes = event.block_hashes
-        start = hashes.index(first)
+    for index, event in enumerate(stores):
+        storer.update(dict.fromkeys(event.block_hashes, index))
+    position, count = 0, len(cached)
+    while position < count:
+        index = storer[cached[position]]
+        hashes = stores[index].block_hashes
+        start = hashes.index(cached[position])
         end = start + 1
-        pending = next(items, None)
+        position += 1
         while (
-            pending is not None
+            position < count
             and end < len(hashes)
-            and pending[1] is payload
-            and pending[0] == hashes[end]
-            and storer[pending[0]] == index
+            and cached[position] == hashes[end]
+            and storer[cached[position]] == index
         ):
             end += 1
-            pending = next(items, None)
-        yield _slice(event, start, end)
-
-
-def _storers(events: Sequence[KVEvent], tier: Tier | None) -> dict[int, int]:
-    """For each block a batch stores in `tier` (None: any), the index of the last event that
-    stores it: the one whose store is the block's current life if it is cached from this batch."""
-    storer: dict[int, int] = {}
-    for index, event in enumerate(events):
-        if isinstance(event, BlockStored) and (
-            tier is None or (event.medium, event.group_idx) == tier
-        ):
-            storer.update(dict.fromkeys(event.block_hashes, index))
-    return storer
+            position += 1
+        yield _slice(stores[index], start, end)
 
 
 def _slice(event: BlockStored, start: int, end: int) -> BlockStored:
