@@ -60,20 +60,24 @@ def _publish_workers(
                     await publisher.wait_for_subscriber(subscribers)
             next_round, late, rounds = trio.current_time(), 0, 0
             cpu, io = time.process_time(), zmq_io_seconds()
-            while rounds < seconds * rate or (cached and not conn.poll(0)):
+            bootstrap_cpu, stop = None, not cached  # with a cache, on until told to stop
+            while rounds < seconds * rate or not stop:
                 for publisher, make in zip(publishers, makers, strict=True):
                     await publisher.publish(make())
                 rounds += 1
                 next_round += 1 / rate
                 late += trio.current_time() > next_round
                 await trio.sleep_until(next_round)
-            if cached:
-                conn.recv()  # the routers have measured: stop
+                if cached and conn.poll(0):  # every router is "current", then "stop"
+                    stop = conn.recv() == "stop"
+                    if not stop:  # the snapshots served, and the rounds published meanwhile
+                        bootstrap_cpu = time.process_time() - cpu
             batches = rounds * workers
             cpu, io = (time.process_time() - cpu) / batches, (zmq_io_seconds() - io) / batches
             for publisher, make in zip(publishers, makers, strict=True):
                 await publisher.publish(make())  # so a gap at the very end is noticed
-            conn.send(([p.accepted for p in publishers], (late, rounds), cpu, io))
+            accepted = [p.accepted for p in publishers]
+            conn.send((accepted, (late, rounds), cpu, io, bootstrap_cpu))
             await trio.to_thread.run_sync(conn.recv)
             nursery.cancel_scope.cancel()
 
@@ -277,7 +281,7 @@ def subscriber_cost(
         for conn in conns:
             assert conn.recv() == "ready"
         publishers.send(subscribers)
-        accepted, _, publisher_cpu, publisher_io = publishers.recv()
+        accepted, _, publisher_cpu, publisher_io, _ = publishers.recv()
         for conn in conns:
             conn.send(sum(accepted))
         received = [conn.recv() for conn in conns]
@@ -334,12 +338,13 @@ def _watch_scale(
             for conn in conns:
                 assert conn.recv() == "current"
             if cached:  # each router measures its steady state, then the rounds stop
+                publishers.send("current")
                 for conn in conns:
                     assert conn.recv() == "measured"
                 publishers.send("stop")
             else:  # the publishers' CPU a batch is measured with every router current:
                 publishers.send(routers)  # connecting and bootstrapping cost them once, not a batch
-            accepted, (late, rounds), publisher_cpu, publisher_io = publishers.recv()
+            accepted, (late, rounds), publisher_cpu, publisher_io, serving = publishers.recv()
             for conn in conns:
                 conn.send(accepted)
             answers = [conn.recv() for conn in conns]
@@ -364,4 +369,5 @@ def _watch_scale(
         "rounds": rounds,
         "publisher_cpu_us": publisher_cpu * 1e6,
         "publisher_io_us": publisher_io * 1e6,  # of publisher_cpu_us: ZeroMQ's I/O thread
+        "publisher_bootstrap_cpu_s": serving,  # with a cache: until every router was current
     }

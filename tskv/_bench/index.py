@@ -292,11 +292,13 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         f"CPU per batch for {STEADY:.0f} s once every worker is current), 2 reader processes; a "
         "2,000-token prompt matched every millisecond (wall / CPU time of the matching thread; "
         "the index process's CPU per batch leaves out what making and matching the prompts "
-        "took, not their wakeups):\n"
+        "took, not their wakeups). The publishers' one process stands in for 64 engines: its "
+        "CPU from the routers subscribing to every worker current is all 64 snapshots served "
+        "and the rounds published meanwhile, on the router's machine here:\n"
     )
     out(
         "| rounds/s each | open_watcher to every worker current | its CPU: all processes, "
-        "index process | "
+        "index process | the publishers' process meanwhile | "
         "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
         "a query's wait for the loop: p50 / p99 | "
@@ -304,7 +306,7 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "with readers | "
         "wrong views / losses at the end |"
     )
-    out("|---|---|---|---|---|---|---|---|---|---|---|")
+    out("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for rate in (50, 5):
         run = watch_scale(64, processes=2, rate=rate, seconds=5, cached=50_000)
         matches = [
@@ -314,7 +316,7 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         waited = "{:.0f} / {:.0f} µs".format(*run["query_wait"])
         out(
             f"| {rate} | {run['bootstrap_s']:.1f} s | {run['bootstrap_cpu_s']:.1f} s, "
-            f"{run['bootstrap_index_cpu_s']:.1f} s | "
+            f"{run['bootstrap_index_cpu_s']:.1f} s | {run['publisher_bootstrap_cpu_s']:.1f} s | "
             f"{run['stale_after_bootstrap']} / "
             f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | {waited} | "
             f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | {run['cpu_us']:.0f} µs, "
