@@ -11,7 +11,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 import zmq
@@ -26,6 +26,17 @@ from tskv.shells.watcher import Watcher, open_watcher
 
 PROMPT = 2_000  # tokens of the prompt matched while the index applies the stream
 STEADY = 10.0  # seconds a router with a cache measures its CPU per batch, once current
+
+
+class _Published(NamedTuple):
+    """What the publishers' process reports at the end of a run."""
+
+    accepted: list[int]  # batches each worker published
+    late: int  # rounds that began after their time
+    rounds: int
+    cpu: float  # seconds a batch, the process's
+    io: float  # of `cpu`: ZeroMQ's I/O thread
+    bootstrap_cpu: float | None  # with a cache: seconds until every router was current
 
 
 def _publish_workers(
@@ -77,7 +88,7 @@ def _publish_workers(
             for publisher, make in zip(publishers, makers, strict=True):
                 await publisher.publish(make())  # so a gap at the very end is noticed
             accepted = [p.accepted for p in publishers]
-            conn.send((accepted, (late, rounds), cpu, io, bootstrap_cpu))
+            conn.send(_Published(accepted, late, rounds, cpu, io, bootstrap_cpu))
             await trio.to_thread.run_sync(conn.recv)
             nursery.cancel_scope.cancel()
 
@@ -281,15 +292,15 @@ def subscriber_cost(
         for conn in conns:
             assert conn.recv() == "ready"
         publishers.send(subscribers)
-        accepted, _, publisher_cpu, publisher_io, _ = publishers.recv()
+        published: _Published = publishers.recv()
         for conn in conns:
-            conn.send(sum(accepted))
+            conn.send(sum(published.accepted))
         received = [conn.recv() for conn in conns]
         publishers.send("done")
     return {
-        "publisher_cpu_us": publisher_cpu * 1e6,
-        "publisher_io_us": publisher_io * 1e6,
-        "missed": sum(sum(accepted) - got for got in received),
+        "publisher_cpu_us": published.cpu * 1e6,
+        "publisher_io_us": published.io * 1e6,
+        "missed": sum(sum(published.accepted) - got for got in received),
     }
 
 
@@ -344,9 +355,9 @@ def _watch_scale(
                 publishers.send("stop")
             else:  # the publishers' CPU a batch is measured with every router current:
                 publishers.send(routers)  # connecting and bootstrapping cost them once, not a batch
-            accepted, (late, rounds), publisher_cpu, publisher_io, serving = publishers.recv()
+            published: _Published = publishers.recv()
             for conn in conns:
-                conn.send(accepted)
+                conn.send(published.accepted)
             answers = [conn.recv() for conn in conns]
         publishers.send("done")
 
@@ -356,7 +367,7 @@ def _watch_scale(
     behind = sum(
         1
         for answer in answers
-        for (last, _), want in zip(answer["report"], accepted, strict=True)
+        for (last, _), want in zip(answer["report"], published.accepted, strict=True)
         if last is None or last < want - 1
     )
     return {
@@ -365,9 +376,9 @@ def _watch_scale(
         "total_cpu_us": worst("total_cpu_us"),
         "behind": behind,
         "losses": sum(lost for answer in answers for _, lost in answer["report"]),
-        "late_rounds": late,
-        "rounds": rounds,
-        "publisher_cpu_us": publisher_cpu * 1e6,
-        "publisher_io_us": publisher_io * 1e6,  # of publisher_cpu_us: ZeroMQ's I/O thread
-        "publisher_bootstrap_cpu_s": serving,  # with a cache: until every router was current
+        "late_rounds": published.late,
+        "rounds": published.rounds,
+        "publisher_cpu_us": published.cpu * 1e6,
+        "publisher_io_us": published.io * 1e6,  # of publisher_cpu_us: ZeroMQ's I/O thread
+        "publisher_bootstrap_cpu_s": published.bootstrap_cpu,
     }
