@@ -1,9 +1,9 @@
 """tskv: KV-cache events from an LLM scheduler over ZeroMQ, published from Trio, with replay."""
 
 from tskv.core.codec import WireError, codec_name, decode_batch, encode_batch
-from tskv.core.config import ConfigError, KVEventsConfig, SubscriberConfig
+from tskv.core.config import KVEventsConfig, SubscriberConfig
 from tskv.core.endpoints import EndpointError, offset_endpoint_port
-from tskv.core.errors import TskvError, TskvWarning
+from tskv.core.errors import ConfigError, TskvError, TskvWarning
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,

@@ -222,6 +222,19 @@ def test_a_block_cached_in_two_tiers_stays_until_both_are_removed() -> None:
     assert index.match([1, 1]) == {} and len(index) == 0
 
 
+def test_a_removal_in_one_kv_cache_group_leaves_the_other_groups_copies() -> None:
+    """vLLM 0.33 names the group of every store and removal: a sliding-window group letting go
+    of blocks outside its window leaves the full-attention group's copies held."""
+    index = PrefixIndex(BS)
+    tokens = [11, 11, 12, 12, 13, 13, 14, 14]
+    for group in (0, 1):
+        index.apply("w", [BlockStored([11, 12, 13, 14], None, tokens, BS, group_idx=group)])
+    index.apply("w", [BlockRemoved([11, 12], group_idx=1)])
+    assert index.match(tokens) == {"w": 4}
+    index.apply("w", [BlockRemoved([11, 12, 13, 14], group_idx=0)])
+    assert index.match(tokens) == {} and index.engine_hashes("w") == {13, 14}
+
+
 def test_stale_workers_are_named_until_a_clear_or_mark_current() -> None:
     index = PrefixIndex(BS)
     index.apply("a", [chain([1, 1], [1])])

@@ -380,26 +380,26 @@ async def test_the_index_process_lets_other_tasks_run_while_it_applies_a_readers
 ) -> None:
     """A reader sends many batches' news in one frame: applied in one go, a frame held the
     router's loop (its queries) for tens of ms."""
-    from tskv.shells import _reader_process
-    from tskv.shells.watcher import Watcher
+    from tskv.core.reader_messages import News, Report
+    from tskv.shells._reader_mirror import ReaderMirror
+    from tskv.shells._reader_process import Reader
 
     ticks = 0
     frames = 0
     seen: list[tuple[int, int]] = []  # (frame, ticks) at each report applied
-    read_frames, mirrored = _reader_process._frames, Watcher.mirrored
+    take, mirrored = Reader._take, ReaderMirror.report
 
-    async def counted_frames(stream: trio.abc.ReceiveStream) -> AsyncIterator[object]:
+    async def counted_take(self: Reader, news: News, pacer: Any) -> None:
         nonlocal frames
-        async for frame in read_frames(stream):
-            frames += 1
-            yield frame
+        frames += 1
+        await take(self, news, pacer)
 
-    def counted_mirrored(self: Watcher, worker: Worker, report: _reader_process.Report) -> None:
+    def counted_mirrored(self: ReaderMirror, worker: Worker, report: Report) -> None:
         seen.append((frames, ticks))
         mirrored(self, worker, report)
 
-    monkeypatch.setattr(_reader_process, "_frames", counted_frames)
-    monkeypatch.setattr(Watcher, "mirrored", counted_mirrored)
+    monkeypatch.setattr(Reader, "_take", counted_take)
+    monkeypatch.setattr(ReaderMirror, "report", counted_mirrored)
     index = tskv.PrefixIndex(16)
     async with (
         tskv.open_publisher(CONFIG) as publisher,
@@ -505,18 +505,18 @@ async def test_a_reader_reports_a_snapshot_a_part_at_a_time(
 ) -> None:
     """Reported whole, a 50,000-block snapshot held the index process's loop, and the queries
     in it, for 25-50 ms."""
-    from tskv.shells.watcher import Watcher
+    from tskv.shells._reader_mirror import ReaderMirror
 
     reports: list[tuple[int, bool]] = []  # each report that takes holds: how many, stale
-    mirrored = Watcher.mirrored
+    mirrored = ReaderMirror.report
 
-    def noting(self: Watcher, worker: Worker, report: Any) -> None:
+    def noting(self: ReaderMirror, worker: Worker, report: Any) -> None:
         taken = sum(len(keys) for keys in report.changes[::2])
         if taken:
-            reports.append((taken, report.stale))
+            reports.append((taken, report.figures.stale))
         mirrored(self, worker, report)
 
-    monkeypatch.setattr(Watcher, "mirrored", noting)
+    monkeypatch.setattr(ReaderMirror, "report", noting)
     parts = 4
     index = tskv.PrefixIndex(16)
     async with _watching_parts(index, parts, processes=1) as watcher:

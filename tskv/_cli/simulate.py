@@ -12,7 +12,8 @@ import attrs
 import trio
 
 from tskv._cli.options import flags_given, sim_options
-from tskv.core.config import ConfigError, KVEventsConfig
+from tskv.core.config import KVEventsConfig
+from tskv.core.errors import ConfigError
 from tskv.curve.security import server_security
 from tskv.shells.publisher import Publisher, open_publisher
 from tskv.sim import SchedulerLoop, SimOptions, check_options

@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+from tskv.core.errors import TskvImportError
+
 CHOICES = ("msgspec", "msgpack")
 
 
 def _load() -> ModuleType | None:
     wanted = os.environ.get("TSKV_CODEC", "")
     if wanted and wanted not in CHOICES:
-        raise ImportError(
+        raise TskvImportError(
             f"TSKV_CODEC={wanted!r} is not available here; choose one of {list(CHOICES)} "
             "(pip install 'tskv-trio[fast]' for msgspec)"
         )
@@ -26,7 +28,7 @@ def _load() -> ModuleType | None:
         import msgspec
     except ImportError:
         if wanted == "msgspec":
-            raise ImportError(
+            raise TskvImportError(
                 "TSKV_CODEC='msgspec' but msgspec is not installed; pip install 'tskv-trio[fast]'"
             ) from None
         return None

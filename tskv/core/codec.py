@@ -22,7 +22,7 @@ import attrs
 import msgpack
 
 from tskv.core._msgspec import msgspec
-from tskv.core.errors import TskvError, Warn, python_warning
+from tskv.core.errors import TskvError, TskvTypeError, Warn, python_warning
 from tskv.core.events import (
     ALWAYS_SENT,
     KNOWN_EVENT_TYPES,
@@ -248,7 +248,7 @@ class Codec:
             return self.pack((ts, plain, rank))
         except (TypeError, ValueError, OverflowError) as exc:
             check_events(events)  # names the field the encoder refused, and raises
-            raise TypeError(f"events cannot be encoded: {exc}") from exc
+            raise TskvTypeError(f"events cannot be encoded: {exc}") from exc
 
     def encode_batch(
         self, batch: KVEventBatch, wire_format: WireFormat = "tokenspeed", *, strict: bool = False
@@ -349,7 +349,7 @@ def encode_round(
         return _PACK((ts, plain, rank))
     except (TypeError, ValueError, OverflowError) as exc:
         check_events(events)  # names the field the encoder refused, and raises
-        raise TypeError(f"events cannot be encoded: {exc}") from exc
+        raise TskvTypeError(f"events cannot be encoded: {exc}") from exc
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:

@@ -13,17 +13,13 @@ from typing import Any, Literal
 
 import attrs
 
-from tskv.core._checks import int_at_least, number_at_least
+from tskv.core._checks import at_least, int_at_least, number_at_least
 from tskv.core.endpoints import check_endpoint, should_bind
-from tskv.core.errors import TskvError, Warn, python_warning
+from tskv.core.errors import ConfigError, TskvTypeError, Warn, python_warning
 from tskv.core.sequencer import MAX_SNAPSHOT_BYTES
 from tskv.core.wire_format import WIRE_FORMATS, Layout, WireFormat, layout
 
 Validator = Any  # attrs' validator protocol, too loose to spell usefully
-
-
-class ConfigError(TskvError, ValueError):
-    """A config value tskv cannot use; the message names the key."""
 
 
 PUBLISHER_NAMES = {"null", "zmq"}  # EventPublisherFactory.register_publisher adds to these
@@ -63,10 +59,7 @@ def _integer(lowest: int, optional: bool = False) -> Validator:
 
 
 def _number(lowest: float, above: bool = False) -> Validator:
-    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        number_at_least(attribute.name, value, lowest, above=above, error=ConfigError)
-
-    return check
+    return at_least(lowest, above, ConfigError)
 
 
 def _check_wire_format(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -265,7 +258,7 @@ class SubscriberConfig:
         unknown = sorted(set(changes) - subscriber_field_names())
         if unknown:
             known = subscriber_field_names()
-            raise TypeError(
+            raise TskvTypeError(
                 "not a subscriber setting: "
                 + ", ".join(f"{name}{did_you_mean(name, known)}" for name in unknown)
             )

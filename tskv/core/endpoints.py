@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from tskv.core.errors import TskvError
+from tskv.core.errors import TskvError, TskvTypeError
 
 _TRANSPORTS = ("tcp://", "ipc://", "inproc://")
 LOOPBACK = "tcp://127.0.0.1:*"  # binds loopback on a port the OS picks: tests, demos, tools
@@ -99,9 +99,9 @@ def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:
     so the OS picks one per rank.
     """
     if isinstance(dp_rank, bool) or not isinstance(dp_rank, int):
-        raise TypeError(f"dp_rank must be an int, got {dp_rank!r}")
+        raise TskvTypeError(f"dp_rank must be an int, got {dp_rank!r}")
     if dp_rank < 0:
-        raise ValueError(f"dp_rank = {dp_rank} must not be negative")
+        raise EndpointError(f"dp_rank = {dp_rank} must not be negative")
     if endpoint is None or dp_rank == 0:
         return endpoint
     if endpoint.startswith("inproc://"):

@@ -14,6 +14,33 @@ class TskvError(Exception):
     """An error raised by tskv; its message names the problem and the fix."""
 
 
+class ConfigError(TskvError, ValueError):
+    """A setting tskv cannot use; the message names the setting and the fix."""
+
+
+class TskvTypeError(TskvError, TypeError):
+    """A value of a type tskv does not take (an argument, an event's field)."""
+
+
+class TskvValueError(TskvError, ValueError):
+    """A value tskv does not take: out of range, or not one of the choices."""
+
+
+class TskvLookupError(TskvError, KeyError):
+    """A name tskv does not know (a worker never added, or removed); says which it knows."""
+
+    def __str__(self) -> str:  # KeyError's own would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class TskvRuntimeError(TskvError, RuntimeError):
+    """Something tskv needs is not there at run time (a scheduler binding, a ZAP handler)."""
+
+
+class TskvImportError(TskvError, ImportError):
+    """The encoder asked for (TSKV_CODEC) cannot be loaded."""
+
+
 class TskvWarning(UserWarning):
     """What a core function tells its caller without failing (fields a wire cannot carry,
     config keys it ignores), when the caller gave it no `warn` of its own: the core never logs,

@@ -22,6 +22,7 @@ import attrs
 
 from tskv.core._checks import int_at_least
 from tskv.core._msgspec import msgspec
+from tskv.core.errors import TskvError, TskvTypeError, TskvValueError
 
 if TYPE_CHECKING:
     from typing_extensions import dataclass_transform
@@ -269,22 +270,21 @@ class KVEventBatch:
         ts = self.ts
         if type(ts) is not float:
             if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-                raise TypeError(f"ts must be a float (seconds since the epoch), got {ts!r}")
+                raise TskvTypeError(f"ts must be a float (seconds since the epoch), got {ts!r}")
             _set(self, "ts", float(ts))
         if not math.isfinite(self.ts):
-            raise ValueError(f"ts = {self.ts} must be finite (seconds since the epoch)")
+            raise TskvValueError(f"ts = {self.ts} must be finite (seconds since the epoch)")
         if type(self.events) not in (list, tuple):
             _set(self, "events", list(self.events))  # a generator, say: keep what it gave
         rank = self.attn_dp_rank
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-            raise (TypeError if not isinstance(rank, int) else ValueError)(
-                f"attn_dp_rank = {rank!r} must be a non-negative int (a rank) or None"
-            )
+            wrong: type[TskvError] = TskvValueError if isinstance(rank, int) else TskvTypeError
+            raise wrong(f"attn_dp_rank = {rank!r} must be a non-negative int (a rank) or None")
 
 
-def not_an_event(where: str, value: object) -> TypeError:
+def not_an_event(where: str, value: object) -> TskvTypeError:
     """The error for a foreign object where a KV event belongs, naming the fix."""
-    return TypeError(
+    return TskvTypeError(
         f"{where} = {value!r:.120} is not a tskv BlockStored, BlockRemoved or AllBlocksCleared; "
         "translate a scheduler's own objects (with a `kind`) with "
         "tskv.scheduler_kv_event_to_wire_event, and TokenSpeed's event Structs with "
@@ -295,16 +295,18 @@ def not_an_event(where: str, value: object) -> TypeError:
 # -- checking every value: strict mode, decoding, and naming what an encoder refused ----------
 
 
-def _bad_int(where: str, value: object, lo: int, hi: int) -> ValueError | TypeError:
+def _bad_int(where: str, value: object, lo: int, hi: int) -> TskvValueError | TskvTypeError:
     if isinstance(value, bool) or not isinstance(value, int):
-        return TypeError(f"{where} must be an int, got {value!r} ({type(value).__name__})")
-    return ValueError(f"{where} = {value} is outside [{lo}, {hi}); use a value in that range")
+        return TskvTypeError(f"{where} must be an int, got {value!r} ({type(value).__name__})")
+    return TskvValueError(f"{where} = {value} is outside [{lo}, {hi}); use a value in that range")
 
 
 def _ints(where: str, values: object, lo: int, hi: int, strings: bool = False) -> None:
     """Ints in [lo, hi) (or, with `strings`, strings too: TensorRT-LLM's placeholder tokens)."""
     if type(values) not in (list, tuple):
-        raise TypeError(f"{where} must be a list or tuple of ints, got {values!r}; pass list(...)")
+        raise TskvTypeError(
+            f"{where} must be a list or tuple of ints, got {values!r}; pass list(...)"
+        )
     assert isinstance(values, (list, tuple))
     if set(map(type, values)) <= {int} and (not values or (min(values) >= lo and max(values) < hi)):
         return  # the usual case, at C speed
@@ -317,24 +319,26 @@ def _ints(where: str, values: object, lo: int, hi: int, strings: bool = False) -
 
 def _mapping(where: str, value: object) -> None:
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
-        raise TypeError(f"{where} = {value!r} must be a mapping of field names (str) to values")
+        raise TskvTypeError(f"{where} = {value!r} must be a mapping of field names (str) to values")
 
 
 def _mm_keys(where: str, value: object) -> None:
     if value is None:
         return
     if type(value) not in (list, tuple):
-        raise TypeError(f"{where} = {value!r} must be a list (per block) of lists of tskv.MMKey")
+        raise TskvTypeError(
+            f"{where} = {value!r} must be a list (per block) of lists of tskv.MMKey"
+        )
     assert isinstance(value, (list, tuple))
     for index, keys in enumerate(value):
         if type(keys) not in (list, tuple) or not all(isinstance(k, MMKey) for k in keys):
-            raise TypeError(f"{where}[{index}] = {keys!r} must be a list of tskv.MMKey")
+            raise TskvTypeError(f"{where}[{index}] = {keys!r} must be a list of tskv.MMKey")
 
 
 def _optional(where: str, value: object, kind: type | tuple[type, ...]) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise TypeError(f"{where} = {value!r} must be {names} or None")
+        raise TskvTypeError(f"{where} = {value!r} must be {names} or None")
 
 
 def check_event(where: str, event: object) -> None:
@@ -344,7 +348,7 @@ def check_event(where: str, event: object) -> None:
         if event.parent_block_hash is not None:
             _ints(f"{where}.parent_block_hash", [event.parent_block_hash], HASH_MIN, HASH_LIMIT)
         _ints(f"{where}.token_ids", event.token_ids, TOKEN_MIN, TOKEN_LIMIT, strings=True)
-        int_at_least(f"{where}.block_size", event.block_size, 1, type_error=TypeError)
+        int_at_least(f"{where}.block_size", event.block_size, 1, type_error=TskvTypeError)
         _optional(f"{where}.lora_id", event.lora_id, int)
         _optional(f"{where}.lora_name", event.lora_name, str)
         _optional(f"{where}.kv_cache_spec_kind", event.kv_cache_spec_kind, str)
@@ -360,7 +364,9 @@ def check_event(where: str, event: object) -> None:
         _ints(f"{where}.block_hashes", event.block_hashes, HASH_MIN, HASH_LIMIT)
     elif isinstance(event, UnknownEvent):
         if not isinstance(event.type, str):
-            raise TypeError(f"{where}.type = {event.type!r} must be the event's type name (str)")
+            raise TskvTypeError(
+                f"{where}.type = {event.type!r} must be the event's type name (str)"
+            )
         _mapping(f"{where}.fields", event.fields)
         return
     elif not isinstance(event, AllBlocksCleared):
@@ -370,7 +376,7 @@ def check_event(where: str, event: object) -> None:
         _optional(f"{where}.medium", event.medium, str)
         _optional(f"{where}.locality", event.locality, str)
         if event.group_idx is not None:
-            int_at_least(f"{where}.group_idx", event.group_idx, 0, type_error=TypeError)
+            int_at_least(f"{where}.group_idx", event.group_idx, 0, type_error=TskvTypeError)
 
 
 def check_events(events: Iterable[object]) -> None:

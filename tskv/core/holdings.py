@@ -3,7 +3,8 @@
 Every block a worker holds is in its view (the engine's hash, with its tier, to its key), and
 each key has a bit mask of the workers holding it. Storing and removing keep the two in step;
 a run of consecutive BlockStored events, the usual batch, costs a few dict operations for all
-of its blocks together.
+of its blocks together. A worker holding one key in two tiers (or twice in one) holds it until
+its last copy goes.
 """
 
 from __future__ import annotations
@@ -14,13 +15,23 @@ from typing import Any, cast
 from tskv.core.block_keys import chain, root_key
 from tskv.core.events import BlockStored
 from tskv.core.predictions import Predictions
+from tskv.core.tiers import UNTIERED, Tier, tier_of
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
 _ABSENT = -1  # hash() never returns -1, so no key is ever this
-BlockId = int | tuple[str, int]  # the engine's hash; with its tier when it names one
+# The engine's hash; with its tier when the event names one (a block is held once per tier)
+BlockId = int | tuple[str | None, int | None, int]
 Stored = tuple[BlockStored, list[Any]]  # an event, and its blocks' `block_keys.contents`
+
+
+def block_id(tier: Tier, block: int) -> BlockId:
+    return block if tier is UNTIERED else (*tier, block)
+
+
+def block_ids(tier: Tier, hashes: Sequence[int]) -> Sequence[BlockId]:
+    return hashes if tier is UNTIERED else [(*tier, block) for block in hashes]
 
 
 class _Bits:
@@ -117,33 +128,20 @@ class Holdings:
             self.store(view, *run[0])
             run.clear()
             return
-        blocks, size = view.blocks, self.block_size
+        blocks = view.blocks
         ids: list[BlockId] = []  # the run's blocks, in order, and their keys
         keys: list[int | None] = []
         mismatched = 0
         for event, contents in run:
-            mismatched += event.block_size != size
-            parent, tier, hashes = event.parent_block_hash, event.medium, event.block_hashes
-            key: int | None
-            if parent is None:
-                key = root_key(event.lora_name, event.cache_salt)
-            else:
-                parent_id = parent if tier is None else (tier, parent)
-                if ids and parent_id == ids[-1]:  # the event before ends where this one starts
-                    key = keys[-1]
-                elif parent_id in blocks:  # if the run stores it again, the run goes slowly
-                    key = blocks[parent_id]
-                elif parent_id in ids:
-                    key = keys[len(ids) - 1 - ids[::-1].index(parent_id)]
-                else:
-                    key = None  # never seen: an orphan
-            if key is not None and None not in contents:
-                for content in contents:
-                    key = hash((key, content))
-                    keys.append(key)
-            else:
-                keys.extend(chain(key, contents))
-            ids.extend(hashes if tier is None else [(tier, block) for block in hashes])
+            mismatched += event.block_size != self.block_size
+            tier = tier_of(event)
+            parent = event.parent_block_hash
+            if parent is not None and ids and block_id(tier, parent) == ids[-1]:
+                key = keys[-1]  # the event before ends where this one starts
+            else:  # if the run stores its parent again, the run goes slowly below
+                key = self._first_key(event, tier, blocks, ids, keys)
+            keys.extend(chain(key, contents))
+            ids.extend(block_ids(tier, event.block_hashes))
         if blocks.keys().isdisjoint(ids):
             before = len(blocks)
             blocks.update(zip(ids, keys, strict=True))
@@ -155,35 +153,50 @@ class Holdings:
                 self.hold(view, cast("list[int]", held))
                 run.clear()
                 return
-            for block_id in ids:  # a block twice in the run: none of them was here before
-                blocks.pop(block_id, None)
+            for each in ids:  # a block twice in the run: none of them was here before
+                blocks.pop(each, None)
         for stored, found in run:
             self.store(view, stored, found)
         run.clear()
+
+    @staticmethod
+    def _first_key(
+        event: BlockStored,
+        tier: Tier,
+        blocks: dict[BlockId, int | None],
+        ids: Sequence[BlockId] = (),
+        keys: Sequence[int | None] = (),
+    ) -> int | None:
+        """The key a stored event's first block hangs from: the root of its LoRA and salt, or
+        its parent's key, held already or stored earlier in the run (`ids`, `keys`); None for
+        a parent never seen (its blocks are orphans: no query reaches them)."""
+        parent = event.parent_block_hash
+        if parent is None:
+            return root_key(event.lora_name, event.cache_salt)
+        parent_id = block_id(tier, parent)
+        if parent_id in blocks:
+            return blocks[parent_id]
+        if parent_id in ids:
+            return keys[len(ids) - 1 - ids[::-1].index(parent_id)]
+        return None
 
     def store(self, view: _WorkerView, event: BlockStored, contents: Sequence[Any]) -> None:
         if event.block_size != self.block_size:
             self.mismatched += 1  # its tokens cut into other blocks than queries do
         blocks = view.blocks
-        parent, tier, hashes = event.parent_block_hash, event.medium, event.block_hashes
-        key: int | None
-        if parent is None:
-            key = root_key(event.lora_name, event.cache_salt)
-        else:
-            key = blocks.get(parent if tier is None else (tier, parent))
-        keys = chain(key, contents)
+        tier = tier_of(event)
+        keys = chain(self._first_key(event, tier, blocks), contents)
         if keys and keys[-1] is None:
             self.orphans += keys.count(None)
-        ids: Sequence[BlockId] = hashes if tier is None else [(tier, block) for block in hashes]
         holders, bit, extra_refs = self.holders, view.bit, view.extra_refs
         predicted, journal = self._predictions.masks, self.journal
-        for block_id, key in zip(ids, keys, strict=True):
-            old = blocks.get(block_id, _ABSENT)
+        for each, key in zip(block_ids(tier, event.block_hashes), keys, strict=True):
+            old = blocks.get(each, _ABSENT)
             if old != _ABSENT:
                 if old == key:
                     continue  # stored again: nothing changes
                 self.release(view, (old,))
-            blocks[block_id] = key
+            blocks[each] = key
             if key is None:
                 continue
             if predicted and key in predicted:  # the prediction came true
@@ -264,12 +277,10 @@ class Holdings:
             else:
                 self.hold(view, keys)
 
-    def remove(self, view: _WorkerView, tier: str | None, hashes: Sequence[int]) -> None:
+    def remove(self, view: _WorkerView, tier: Tier, hashes: Sequence[int]) -> None:
+        """Let go of the worker's blocks `hashes` in `tier`; its copies in other tiers stay."""
         pop = view.blocks.pop
-        if tier is None:
-            self.release(view, [pop(block, _ABSENT) for block in hashes])
-        else:
-            self.release(view, [pop((tier, block), _ABSENT) for block in hashes])
+        self.release(view, [pop(each, _ABSENT) for each in block_ids(tier, hashes)])
 
     def clear(self, *views: _WorkerView) -> None:
         """Forget what the workers hold. Which keys mirrored workers hold is known elsewhere,

@@ -30,6 +30,7 @@ from tskv.core.block_keys import (
     int_tokens,
     root_key,
 )
+from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -43,6 +44,8 @@ from tskv.core.events import (
 from tskv.core.holdings import Holdings, Stored
 from tskv.core.holdings import Worker as Worker  # the index's users name it from here
 from tskv.core.predictions import MAX_ENTRIES, Predictions
+from tskv.core.tiers import tier_of
+from tskv.core.worker_view import Changes, ViewChange, WorkerView
 
 MAX_PREDICTED = MAX_ENTRIES
 
@@ -144,21 +147,25 @@ class PrefixIndex:
         record_changes: bool = False,
     ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size = {block_size!r} must be a positive int (tokens a block)")
+            raise ConfigError(
+                f"block_size = {block_size!r} must be a positive int (tokens a block)"
+            )
         int_at_least("max_predicted", max_predicted, 0)
         self.block_size = block_size
         self._predictions = Predictions(clock, max_predicted)  # their time to live is `clock`'s
         self._holdings = Holdings(block_size, self._predictions)
         if record_changes:
             self._holdings.journal = {}
-        self._stale: set[Worker] = set()
+        self._views: dict[Worker, WorkerView] = {}  # each worker's trust, `worker_view`
+        self._stale: set[Worker] = set()  # the workers whose view is stale, for answers
         self._strings = False  # a string token id was seen: queries' string ones are digested
 
     # -- the stream's side ------------------------------------------------------------------
 
     def apply(self, worker: Worker, batch: KVEventBatch | Iterable[KVEvent]) -> None:
         """Apply one batch of `worker`'s events, in order. An AllBlocksCleared makes the
-        worker's view complete again (from there on the index knows its whole cache)."""
+        worker's view whole again (from there on the index knows its whole cache), unless a
+        snapshot is being applied (`worker_view`)."""
         events = batch.events if isinstance(batch, KVEventBatch) else batch
         size, holdings = self.block_size, self._holdings
         view = holdings.view(worker)
@@ -175,10 +182,10 @@ class PrefixIndex:
                 continue
             holdings.store_run(view, stored)
             if isinstance(event, BlockRemoved):
-                holdings.remove(view, event.medium, event.block_hashes)
+                holdings.remove(view, tier_of(event), event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
                 holdings.clear(view)
-                self._stale.discard(worker)
+                self.carry_out(worker, self.worker_view(worker).reset_applied())
             elif not isinstance(event, UnknownEvent):  # an unknown event changes nothing known
                 raise not_an_event("PrefixIndex.apply: event", event)
         holdings.store_run(view, stored)
@@ -201,11 +208,30 @@ class PrefixIndex:
     def mark_stale(self, worker: Worker) -> None:
         """The worker's view is incomplete (a loss was reported) until `mark_current` or an
         AllBlocksCleared (a snapshot starts with one)."""
-        self._holdings.view(worker)
-        self._stale.add(worker)
+        self.carry_out(worker, self.worker_view(worker).marked(True))
 
     def mark_current(self, worker: Worker) -> None:
-        self._stale.discard(worker)
+        """The worker's view is whole again."""
+        self.carry_out(worker, self.worker_view(worker).marked(False))
+
+    def worker_view(self, worker: Worker) -> WorkerView:
+        """The worker's trust, which decides when it is stale; a watcher's followers tell it
+        what happened and the index carries out what it returns (`carry_out`)."""
+        view = self._views.get(worker)
+        if view is None:
+            self._holdings.view(worker)  # a worker known only by its trust is known
+            view = self._views[worker] = WorkerView()
+        return view
+
+    def carry_out(self, worker: Worker, changes: Changes) -> None:
+        """Do what the worker's view decided: forget its blocks, mark it stale or current."""
+        for change in changes:
+            if change is ViewChange.CLEAR:
+                self.clear_worker(worker)
+            elif change is ViewChange.STALE:
+                self._stale.add(worker)
+            else:
+                self._stale.discard(worker)
 
     def clear_worker(self, worker: Worker) -> None:
         """Forget what `worker` holds (its engine restarted with an empty cache), keeping it."""
@@ -222,6 +248,7 @@ class PrefixIndex:
 
     def remove_worker(self, worker: Worker) -> None:
         self._holdings.drop(worker)
+        self._views.pop(worker, None)
         self._stale.discard(worker)
 
     # -- the router's side ------------------------------------------------------------------
@@ -239,7 +266,7 @@ class PrefixIndex:
         request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
         must be given as its engine would see it, or its blocks are other blocks."""
         if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
-            raise TypeError(
+            raise TskvTypeError(
                 f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
             )
         if self._strings:
@@ -302,11 +329,11 @@ class PrefixIndex:
         if view is None:
             return set()
         if view.mirrored:
-            raise LookupError(
+            raise TskvLookupError(
                 f"worker {worker!r}'s blocks are kept by a watcher's reader process; "
                 "ask the watcher: await watcher.engine_hashes(worker)"
             )
-        return {block if isinstance(block, int) else block[1] for block in view.blocks}
+        return {block if isinstance(block, int) else block[-1] for block in view.blocks}
 
     def __len__(self) -> int:
         """Distinct blocks (by content) held by any worker."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tskv.core.errors import ConfigError
+
 
 class ReplayBuffer:
     """The last `capacity` payloads, addressed by their seq.
@@ -12,7 +14,7 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(f"replay buffer capacity = {capacity} must be at least 1")
+            raise ConfigError(f"replay buffer capacity = {capacity} must be at least 1")
         self.capacity = capacity
         self._slots: list[bytes] = [b""] * capacity
         self.next_seq = 0

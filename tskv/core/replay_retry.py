@@ -1,5 +1,5 @@
 """The replay client's policy for one request, without I/O: how long to wait for an answer,
-when a refusal is asked again (exponential backoff with jitter), and when to give up.
+when a refusal is asked again (`backoff.Backoff`), and when to give up.
 
 A refusal means "busy now" (the publisher's rate or concurrency limit), not "nothing buffered",
 so a repair asks again, later and later, until `timeout` has passed since the first refusal.
@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import attrs
 
+from tskv.core.backoff import Backoff
 from tskv.core.losses import LossReason
 
 REFUSAL_BACKOFF = (0.05, 1.0)  # first and longest wait before asking a refusing replay again
@@ -49,8 +50,11 @@ class ReplayAttempt:
     probe: bool = False
     probe_timeout: float | None = None  # how long a probe waits (None: `timeout`)
     uniform: Callable[[float, float], float] = random.uniform
-    _backoff: float = REFUSAL_BACKOFF[0]
     _refused_since: float | None = None
+    _backoff: Backoff = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._backoff = Backoff(*REFUSAL_BACKOFF, uniform=self.uniform)
 
     @property
     def wait(self) -> float:
@@ -71,11 +75,10 @@ class ReplayAttempt:
         if self.probe:
             return GiveUp(LossReason.REFUSED, None)
         self._refused_since = now if self._refused_since is None else self._refused_since
-        if now - self._refused_since + self._backoff > self.timeout:
+        after = self._backoff.next()
+        if now - self._refused_since + self._backoff.nominal > self.timeout:
             return GiveUp(
                 LossReason.REFUSED,
                 f"replay endpoint {self.endpoint} kept refusing for {self.timeout:.1f} s: {why}",
             )
-        after = self._backoff * self.uniform(0.5, 1.0)
-        self._backoff = min(self._backoff * 2, REFUSAL_BACKOFF[1])
         return AskAgain(after)

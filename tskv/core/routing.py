@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from tskv.core.config import ConfigError, _number
+from tskv.core._checks import at_least
+from tskv.core.errors import ConfigError
 from tskv.core.prefix_index import Match, Worker
 
 
@@ -34,8 +35,8 @@ class LoadAwarePolicy:
     load at the expense of cache hits, a lower one follows the cache harder. Stale workers (whose
     view the index cannot vouch for) are passed over while any other is available."""
 
-    prefill_weight: float = attrs.field(default=1.0, validator=_number(0))
-    load_weight: float = attrs.field(default=1.0, validator=_number(0))
+    prefill_weight: float = attrs.field(default=1.0, validator=at_least(0, error=ConfigError))
+    load_weight: float = attrs.field(default=1.0, validator=at_least(0, error=ConfigError))
 
     def choose(
         self,

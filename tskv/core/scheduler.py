@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tskv.core.errors import TskvRuntimeError, TskvTypeError
 from tskv.core.events import (
     EVENT_TYPES,
     REMOVED_OPTIONAL,
@@ -64,7 +65,7 @@ def scheduler_kv_event_to_wire_event(event: Any) -> KVEvent:
         return BlockRemoved(event.block_hashes, **_optional(event, carried, REMOVED_OPTIONAL))
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
-    raise TypeError(
+    raise TskvTypeError(
         f"unknown scheduler KV event kind {kind!r} on {type(event).__name__}; tskv knows "
         "BlockStored, BlockRemoved and AllBlocksCleared"
     )
@@ -76,7 +77,7 @@ def drain_scheduler_kv_events(scheduler: Any, enabled: bool) -> list[Any]:
         return []
     drain = getattr(scheduler, "drain_kv_events", None)
     if drain is None:
-        raise RuntimeError(
+        raise TskvRuntimeError(
             f"{type(scheduler).__name__} has no Scheduler.drain_kv_events(); KV events need a "
             "scheduler binding that exposes it, or disable them (enable_kv_cache_events=false)"
         )
@@ -107,7 +108,7 @@ def foreign_event_to_wire_event(event: Any, where: str = "event") -> KVEvent:
         if tag == "AllBlocksCleared":
             return AllBlocksCleared()
     except AttributeError as exc:
-        raise TypeError(
+        raise TskvTypeError(
             f"{where} = {event!r} is a {tag} without TokenSpeed's fields ({exc})"
         ) from None
     raise not_an_event(where, event)
@@ -121,12 +122,12 @@ def foreign_batch(batch: Any) -> tuple[float, list[KVEvent], int | None]:
     try:
         ts, events, rank = batch.ts, batch.events, getattr(batch, "attn_dp_rank", None)
     except AttributeError:
-        raise TypeError(
+        raise TskvTypeError(
             f"publish() takes a KVEventBatch (tskv's or TokenSpeed's: ts, events, "
             f"attn_dp_rank), got {batch!r:.80}"
         ) from None
     if isinstance(events, (str, bytes)) or not hasattr(events, "__iter__"):
-        raise TypeError(f"batch.events = {events!r:.60} must be a list of KV events")
+        raise TskvTypeError(f"batch.events = {events!r:.60} must be a list of KV events")
     converted = [
         foreign_event_to_wire_event(event, f"events[{index}]") for index, event in enumerate(events)
     ]

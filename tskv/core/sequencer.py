@@ -31,6 +31,7 @@ from typing import Literal, NamedTuple
 
 import attrs
 
+from tskv.core.errors import ConfigError
 from tskv.core.losses import Loss, LossReason
 
 MAX_HELD = 10_000  # live batches held while a gap is repaired; later ones are fetched again
@@ -354,7 +355,7 @@ class Sequencer:
             return []
         if not self.has_replay:
             start = "snapshot" if self._start_from_snapshot else self.order.expected
-            raise ValueError(
+            raise ConfigError(
                 f"start_seq = {start!r} needs a replay endpoint to fetch past batches from"
             )
         if self._start_from_snapshot:

@@ -29,12 +29,11 @@ from tskv.core.events import (
     KVEvent,
     replace,
 )
+from tskv.core.tiers import UNTIERED, Tier, tier_of
 from tskv.core.wire_format import WireFormat
 
 PART_BLOCKS = 1024  # blocks per snapshot batch: about 64 KB on the wire for 16-token blocks
 
-Tier = tuple[str | None, int | None]  # (medium, group_idx): a block is cached per tier
-UNTIERED: Tier = (None, None)
 Blocks = dict[int, bytes]  # hash -> the payload that stored it, in the order lives began
 GONE_OUT = b""  # a frozen copy's payload for a block its snapshot has sent (no payload is empty)
 
@@ -68,8 +67,9 @@ class CacheState:
                 kind = next(base for base in EVENT_TYPES if isinstance(event, base))
             if kind is BlockStored:
                 stored: BlockStored = event  # type: ignore[assignment]
-                if tiered and (stored.medium is not None or stored.group_idx is not None):
-                    blocks = tiers.setdefault((stored.medium, stored.group_idx), {})
+                tier = tier_of(stored) if tiered else UNTIERED
+                if tier is not UNTIERED:
+                    blocks = tiers.setdefault(tier, {})
                 elif untiered is None:
                     blocks = untiered = tiers[UNTIERED] = {}
                 else:
@@ -78,10 +78,8 @@ class CacheState:
                     blocks[block] = payload
             elif kind is BlockRemoved:
                 removed: BlockRemoved = event  # type: ignore[assignment]
-                if tiered and (removed.medium is not None or removed.group_idx is not None):
-                    found = tiers.get((removed.medium, removed.group_idx))
-                else:
-                    found = untiered
+                tier = tier_of(removed) if tiered else UNTIERED
+                found = tiers.get(tier) if tier is not UNTIERED else untiered
                 if found:
                     pop = found.pop
                     for block in removed.block_hashes:
@@ -271,8 +269,7 @@ def _runs(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
         stores = [
             event
             for event in decode_batch(payload).events
-            if isinstance(event, BlockStored)
-            and (tier is None or (event.medium, event.group_idx) == tier)
+            if isinstance(event, BlockStored) and (tier is None or tier_of(event) == tier)
         ]
         if cached == list(chain.from_iterable(event.block_hashes for event in stores)):
             yield from stores

@@ -8,12 +8,14 @@ from typing import Literal
 
 import attrs
 
+from tskv.core.errors import ConfigError
+
 WireFormat = Literal["tokenspeed", "vllm"]
 WIRE_FORMATS: tuple[WireFormat, ...] = ("tokenspeed", "vllm")
 
 
-def unknown_wire(wire_format: object) -> ValueError:
-    return ValueError(f"wire_format = {wire_format!r}: use {' or '.join(map(repr, WIRE_FORMATS))}")
+def unknown_wire(wire_format: object) -> ConfigError:
+    return ConfigError(f"wire_format = {wire_format!r}: use {' or '.join(map(repr, WIRE_FORMATS))}")
 
 
 @attrs.frozen

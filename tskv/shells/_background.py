@@ -13,6 +13,13 @@ if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 
+def only(error: BaseException, *kinds: type[BaseException]) -> bool:
+    """Whether `error` (or every error in its group) is one of `kinds`."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(only(inner, *kinds) for inner in error.exceptions)
+    return isinstance(error, kinds)
+
+
 @contextmanager
 def unwrap_single_exception() -> Iterator[None]:
     """Re-raise a lone exception out of Trio's exception group.

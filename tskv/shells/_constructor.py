@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from tskv.core.errors import TskvTypeError
+
 T = TypeVar("T")
 
 
@@ -17,7 +19,7 @@ class NoPublicConstructor(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         opener = f"open_{cls.__name__.lower()}"
-        raise TypeError(
+        raise TskvTypeError(
             f"tskv.{cls.__qualname__} has no public constructor; use `async with "
             f"tskv.{opener}(...) as {cls.__name__.lower()}:`, which opens its sockets and "
             "runs its tasks"

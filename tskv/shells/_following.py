@@ -13,6 +13,7 @@ from typing import Protocol
 import trio
 import zmq
 
+from tskv.core.backoff import Backoff
 from tskv.core.config import SubscriberConfig
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss
@@ -88,7 +89,7 @@ async def follow(
     bootstraps: Bootstraps,
 ) -> None:
     """Follow `worker` until cancelled, or until a failure finds it no longer watched."""
-    backoff, longest = RETRY_BACKOFF
+    backoff = Backoff(*RETRY_BACKOFF)
     while True:
         turn = object()
 
@@ -118,11 +119,13 @@ async def follow(
                     # would add up, and a snapshot's payloads are MBs.
                     del delivery, batch
         except Exception as exc:  # one worker's failure is its own
-            record.failed(worker, f"{type(exc).__name__}: {exc}", backoff)
+            wait = backoff.next()
+            record.failed(worker, f"{type(exc).__name__}: {exc}", wait)
+        else:
+            wait = backoff.next()  # the subscriber ended (its channel closed): again, later
         finally:
             bootstraps.done(turn)
         if not record.watching(worker):
             return
         record.resubscribed(worker)
-        await trio.sleep(backoff)
-        backoff = min(backoff * 2, longest)
+        await trio.sleep(wait)

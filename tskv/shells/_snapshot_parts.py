@@ -4,16 +4,15 @@ A subscriber's user gets a snapshot as one batch. The watcher's followers take i
 and apply each before the next is decoded, so a worker's cache is never held decoded whole
 (50,000 blocks are about 35 MB of event objects, against 3 MB of payloads), and indexing a part
 while its objects are still in the CPU's caches is cheaper than indexing a whole snapshot
-decoded beforehand (docs/performance.md#one-router-over-a-fleet, item 15).
+decoded beforehand (docs/performance.md#one-router-over-a-fleet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from tskv.core.codec import WireError, decode_batch
 from tskv.core.events import KVEvent, KVEventBatch
-from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.shells._background import Pacer
 
 
@@ -73,29 +72,3 @@ class SnapshotParts:
         if first is None or not self.complete:
             return None
         return KVEventBatch(first.ts, events, first.attn_dp_rank)
-
-
-async def restore(
-    index: PrefixIndex,
-    worker: Worker,
-    snapshot: SnapshotParts,
-    wanted: Callable[[], bool],
-    between: Callable[[], Awaitable[None]] | None = None,
-) -> bool:
-    """Apply `worker`'s snapshot to `index` a part at a time, while `wanted`, awaiting `between`
-    after each part but the last; whether all of it was. The worker is stale until its last
-    part is in, so no query trusts a half-restored view; then it is as the whole snapshot would
-    have left it (one that clears the view, as every snapshot's first part does, makes it
-    whole)."""
-    whole = False
-    async for part in snapshot:
-        if not wanted():
-            return False
-        index.apply(worker, part)
-        whole = whole or worker not in index.stale
-        index.mark_stale(worker)
-        if between is not None and not snapshot.complete:
-            await between()
-    if whole and snapshot.complete:
-        index.mark_current(worker)
-    return snapshot.complete

@@ -5,6 +5,7 @@ from __future__ import annotations
 import trio
 import zmq
 
+from tskv.core.errors import TskvRuntimeError
 from tskv.curve.policy import zap_reply
 from tskv.curve.security import ServerSecurity
 from tskv.shells._ratelimit import LogLimiter
@@ -23,7 +24,7 @@ class ZapHandler:
             sock.bind(ZAP_ENDPOINT)  # must happen before any CURVE socket of this context binds
         except zmq.ZMQError as exc:
             sock.close(linger=0)
-            raise RuntimeError(
+            raise TskvRuntimeError(
                 f"cannot serve ZAP in this ZeroMQ context ({exc.strerror}): a context has one "
                 "ZAP handler; let tskv make a context for an encrypted publisher (pass none)"
             ) from None

@@ -26,7 +26,7 @@ from tskv.core import frames
 from tskv.core.codec import DroppedFields, codec_name, encode_round
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import offset_endpoint_port
-from tskv.core.errors import TskvError
+from tskv.core.errors import TskvError, TskvTypeError
 from tskv.core.events import EVENT_TYPES, KVEvent
 from tskv.core.replay_buffer import ReplayBuffer
 from tskv.core.replay_server import ReplayServer, ReplayStatistics
@@ -237,14 +237,14 @@ class _Security:
 
 def _listed(events: Iterable[KVEvent]) -> list[KVEvent]:
     if isinstance(events, EVENT_TYPES):
-        raise TypeError(
+        raise TskvTypeError(
             f"publish() takes one round's events as a list, got the single event {events!r:.80}; "
             "pass [event]"
         )
     try:
         return list(events)
     except TypeError:
-        raise TypeError(
+        raise TskvTypeError(
             f"publish() takes one round's events as a list of KV events, got {events!r:.80}"
         ) from None
 
@@ -261,7 +261,7 @@ def _snapshot_maker(
 
 def _check_config(config: object) -> KVEventsConfig:
     if not isinstance(config, KVEventsConfig):
-        raise TypeError(
+        raise TskvTypeError(
             f"config must be a tskv.KVEventsConfig, got {type(config).__name__} {config!r:.80}; "
             "build one with KVEventsConfig(**mapping), KVEventsConfig.from_mapping(mapping) or "
             "KVEventsConfig.from_json(text)"

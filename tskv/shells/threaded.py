@@ -25,8 +25,9 @@ import trio
 import zmq
 
 from tskv.core.codec import DroppedFields, encode_batch
-from tskv.core.config import PUBLISHER_NAMES, ConfigError, KVEventsConfig, did_you_mean, field_names
+from tskv.core.config import PUBLISHER_NAMES, KVEventsConfig, did_you_mean, field_names
 from tskv.core.endpoints import offset_endpoint_port
+from tskv.core.errors import ConfigError, TskvLookupError
 from tskv.core.events import KVEventBatch
 from tskv.core.frames import END_FRAME
 from tskv.core.scheduler import foreign_batch
@@ -300,7 +301,7 @@ class EventPublisherFactory:
     def register_publisher(cls, name: str, ctor: Callable[..., EventPublisher]) -> None:
         """Make `"publisher": name` build `ctor(attn_dp_rank=..., **the other keys)`."""
         if name in cls._registry:
-            raise KeyError(f"publisher {name!r} is already registered; pick another name")
+            raise TskvLookupError(f"publisher {name!r} is already registered; pick another name")
         cls._registry[name] = ctor
         PUBLISHER_NAMES.add(name)
 

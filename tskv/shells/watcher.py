@@ -15,9 +15,8 @@ watcher like this one with an index of its own; this one mirrors what they repor
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, final
 
@@ -26,67 +25,30 @@ import trio
 import zmq
 
 from tskv.core._checks import int_at_least
-from tskv.core.config import ConfigError, SubscriberConfig
+from tskv.core.config import SubscriberConfig
 from tskv.core.endpoints import check_endpoint
-from tskv.core.events import KVEventBatch
+from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import PrefixIndex, Worker
-from tskv.core.worker_view import CURRENT, STALE, ViewChange, WorkerView
+from tskv.core.reader_messages import Follow
+from tskv.core.worker_view import WorkerFigures
 from tskv.shells._background import background_tasks
 from tskv.shells._constructor import NoPublicConstructor
-from tskv.shells._following import SNAPSHOTS_AT_ONCE, Bootstraps, Record, follow
-from tskv.shells._reader_process import Reader, ReaderStatus, Report
-from tskv.shells._snapshot_parts import SnapshotParts, restore
+from tskv.shells._following import SNAPSHOTS_AT_ONCE, Bootstraps, follow
+from tskv.shells._index_record import IndexRecord, Listener
+from tskv.shells._reader_mirror import ReaderMirror
+from tskv.shells._reader_process import Reader, ReaderStatus
+from tskv.shells._watched import Roster, Watched
 
-logger = logging.getLogger(__name__)
 
-
-@attrs.frozen
-class WorkerStatus:
-    """How one watched worker is doing, at the moment `Watcher.status` was asked."""
+@attrs.frozen(kw_only=True)
+class WorkerStatus(WorkerFigures):
+    """How one watched worker is doing, at the moment `Watcher.status` was asked: its figures
+    (`WorkerFigures`), where it publishes and its subscriber's settings."""
 
     endpoint: str
     replay_endpoint: str | None
-    batches: int = 0  # applied to the index
-    losses: int = 0  # loss reports (snapshots and restarts included)
-    failures: int = 0  # times its subscriber failed and was started again
-    last_error: str | None = None
-    last_seq: int | None = None
-    silent: bool = False  # its publisher did not answer a probe of its quiet stream
     config: SubscriberConfig = attrs.Factory(SubscriberConfig)  # its subscriber's settings
-
-
-@attrs.define
-class _Watched:
-    """A watched worker's task state; `Watcher.status` hands out a frozen copy."""
-
-    endpoint: str
-    replay_endpoint: str | None
-    scope: trio.CancelScope
-    config: SubscriberConfig
-    slot: int
-    view: WorkerView = attrs.Factory(WorkerView)
-    changed: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
-    counted: tuple[int, int, int] = (0, 0, 0)  # batches, losses, failures of readers gone
-    batches: int = 0
-    losses: int = 0
-    failures: int = 0
-    last_error: str | None = None
-    last_seq: int | None = None
-    silent: bool = False
-
-    def status(self) -> WorkerStatus:
-        return WorkerStatus(
-            self.endpoint,
-            self.replay_endpoint,
-            self.batches,
-            self.losses,
-            self.failures,
-            self.last_error,
-            self.last_seq,
-            self.silent,
-            self.config,
-        )
 
 
 @final
@@ -101,16 +63,17 @@ class Watcher(metaclass=NoPublicConstructor):
         config: SubscriberConfig,
         context: zmq.Context[zmq.Socket[bytes]] | None,
         snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
+        listener: Listener | None = None,
     ) -> None:
         self.index = index
         self._nursery = nursery
-        self._on_loss = on_loss
         self.config = config  # every worker's subscriber settings, less what `add` changes
         self._context = context
-        self._watched: dict[Worker, _Watched] = {}
+        self._roster: Roster = {}
+        self._record = IndexRecord(index, self._roster, on_loss, listener)
+        self._mirror = ReaderMirror(index, self._roster, on_loss)
         self._readers: list[Reader] = []  # none: each worker is followed by a task here
         self._slots = 0  # how a reader process names a worker: its `add`'s number
-        self.record: Record = self  # who is told each worker's news (a reader's outbox)
         self._bootstraps = Bootstraps(snapshots_at_once)
 
     def add(
@@ -123,55 +86,54 @@ class Watcher(metaclass=NoPublicConstructor):
         """Start following `worker`'s stream; it is stale in the index until its view is whole.
         `subscriber_settings` (e.g. this worker's `curve_server_key`) change the watcher's
         `config` for this worker; they are checked here, so a bad one raises now."""
-        if worker in self._watched:
-            raise ValueError(f"worker {worker!r} is already watched; remove it first")
+        if worker in self._roster:
+            raise ConfigError(f"worker {worker!r} is already watched; remove it first")
         check_endpoint(endpoint)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
         config = _worker_config(_changed(self.config, subscriber_settings), replay_endpoint)
         if self._readers and endpoint.startswith("inproc://"):
-            raise ValueError(
+            raise ConfigError(
                 f"endpoint {endpoint!r} is in this process, where a reader process cannot reach "
                 "it: use ipc:// or tcp://127.0.0.1 endpoints, or open the watcher with processes=0"
             )
         self._slots += 1
-        watched = _Watched(endpoint, replay_endpoint, trio.CancelScope(), config, self._slots)
-        self._watched[worker] = watched
-        self.index.mark_stale(worker)
+        watched = Watched(endpoint, replay_endpoint, config, self._slots)
+        self._roster[worker] = watched
+        self.index.carry_out(worker, self.index.worker_view(worker).watched())
         if self._readers:
             self.index.apply_changes(worker, [])  # its blocks are kept by a reader
             reader = min(self._readers, key=lambda reader: len(reader.wanted))
             settings = attrs.asdict(config)
             del settings["start_seq"]  # the reader's watcher sets it as this one does
-            reader.add(watched.slot, worker, endpoint, replay_endpoint, settings)
+            reader.add(worker, Follow(watched.slot, endpoint, replay_endpoint, settings))
         else:
             self._nursery.start_soon(self._follow_here, worker, watched)
 
     def remove(self, worker: Worker) -> None:
         """Stop following `worker` and drop it from the index."""
-        watched = self._watched.pop(worker, None)
+        watched = self._roster.pop(worker, None)
         if watched is not None:
             watched.scope.cancel()
             watched.changed.unpark_all()  # its waiters learn it is gone
             for reader in self._readers:
                 reader.remove(watched.slot)
+            self._mirror.forget(worker)
         self.index.remove_worker(worker)
 
     def status(self, worker: Worker) -> WorkerStatus:
-        return self._watched[worker].status()
-
-    def _change(self, worker: Worker, changes: tuple[ViewChange, ...]) -> None:
-        for change in changes:
-            if change is ViewChange.CLEAR:
-                self.index.clear_worker(worker)
-            elif change is ViewChange.STALE:
-                self.index.mark_stale(worker)
-            else:
-                self.index.mark_current(worker)
+        """How `worker` is doing now: its figures, where it publishes, its settings."""
+        watched = self._roster[worker]
+        return WorkerStatus(
+            **attrs.asdict(watched.figures, recurse=False),
+            endpoint=watched.endpoint,
+            replay_endpoint=watched.replay_endpoint,
+            config=watched.config,
+        )
 
     @property
     def workers(self) -> list[Worker]:
-        return list(self._watched)
+        return list(self._roster)
 
     @property
     def readers(self) -> tuple[ReaderStatus, ...]:
@@ -181,139 +143,38 @@ class Watcher(metaclass=NoPublicConstructor):
 
     async def wait_for_seq(self, worker: Worker, seq: int) -> None:
         """Wait until `worker`'s batch `seq` (or a later one) has been applied to the index."""
-        await self._wait(worker, lambda w: w.last_seq is not None and w.last_seq >= seq)
+        await self._wait(worker, lambda f: f.last_seq is not None and f.last_seq >= seq)
 
     async def wait_for_loss(self, worker: Worker, count: int = 1) -> None:
         """Wait until `count` losses of `worker` have been reported."""
-        await self._wait(worker, lambda w: w.losses >= count)
+        await self._wait(worker, lambda f: f.losses >= count)
 
     async def wait_for_silence(self, worker: Worker, silent: bool = True) -> None:
         """Wait until `worker`'s publisher is silent (or, with `silent=False`, answers)."""
-        await self._wait(worker, lambda w: w.silent == silent)
+        await self._wait(worker, lambda f: f.silent == silent)
 
     async def wait_for_failure(self, worker: Worker, count: int = 1) -> None:
         """Wait until `worker`'s subscriber has failed `count` times (its `last_error` says
         why)."""
-        await self._wait(worker, lambda w: w.failures >= count)
+        await self._wait(worker, lambda f: f.failures >= count)
 
-    async def _wait(self, worker: Worker, done: Callable[[_Watched], bool]) -> None:
-        watched = self._watched[worker]  # a KeyError names a worker never added
-        while not done(watched):
+    async def _wait(self, worker: Worker, done: Callable[[WorkerFigures], bool]) -> None:
+        watched = self._roster[worker]  # a KeyError names a worker never added
+        while not done(watched.figures):
             await watched.changed.park()  # woken by this worker's news only
-            if self._watched.get(worker) is not watched:
-                raise KeyError(f"worker {worker!r} was removed while waited for")
+            if self._roster.get(worker) is not watched:
+                raise TskvLookupError(f"worker {worker!r} was removed while waited for")
 
-    async def _follow_here(self, worker: Worker, watched: _Watched) -> None:
+    async def _follow_here(self, worker: Worker, watched: Watched) -> None:
         with watched.scope:
             endpoints = (watched.endpoint, watched.replay_endpoint)
             config, context = watched.config, self._context
-            await follow(self.record, worker, *endpoints, config, context, self._bootstraps)
-
-    # -- what the workers' followers report (`_following.Record`), here or from a reader ----
-
-    def watching(self, worker: Worker) -> bool:
-        return worker in self._watched
-
-    async def room(self) -> None:
-        pass  # the index is applied to at once
-
-    def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None:
-        if worker in self._watched:  # else removed while this batch was on its way
-            self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
-            self._delivered(worker, seq)
-
-    async def restored(
-        self,
-        worker: Worker,
-        seq: int,
-        snapshot: SnapshotParts,
-        between: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        if await restore(self.index, worker, snapshot, lambda: worker in self._watched, between):
-            self._delivered(worker, seq)
-
-    def _delivered(self, worker: Worker, seq: int) -> None:
-        watched = self._watched[worker]
-        if watched.view.from_start:
-            self._change(worker, watched.view.delivered(seq))
-        watched.batches += 1
-        watched.last_seq = seq
-        watched.changed.unpark_all()
-
-    def lost(self, worker: Worker, loss: Loss) -> None:
-        watched = self._watched.get(worker)
-        if watched is None:
-            return
-        watched.losses += 1
-        watched.changed.unpark_all()
-        if self._on_loss is not None:
-            self._on_loss(worker, loss)
-        self._change(worker, watched.view.lost(loss))
-
-    def silence(self, worker: Worker, silent: bool) -> None:
-        watched = self._watched.get(worker)
-        if watched is None:
-            return
-        watched.silent = silent
-        watched.changed.unpark_all()
-        self._change(worker, watched.view.silence(silent, worker in self.index.stale))
-
-    def failed(self, worker: Worker, error: str, retry_in: float, log: bool = True) -> None:
-        watched = self._watched.get(worker)
-        if watched is None:
-            return
-        watched.failures += 1
-        watched.last_error = error
-        watched.changed.unpark_all()
-        if log:
-            _log_failure(worker, watched, error, retry_in)
-
-    def resubscribed(self, worker: Worker) -> None:
-        watched = self._watched.get(worker)
-        if watched is not None:
-            self._change(worker, watched.view.resubscribed())
-
-    def watched(self, worker: Worker) -> _Watched | None:
-        return self._watched.get(worker)
-
-    # -- what reader processes report: a worker's state, decided there ----------------------
-
-    def mirrored(self, worker: Worker, report: Report) -> None:
-        watched = self._watched.get(worker)
-        if watched is None:
-            return
-        self.index.apply_changes(worker, report.changes, strings=report.strings)
-        self._change(worker, STALE if report.stale else CURRENT)
-        batches, losses, failures = watched.counted
-        watched.batches = batches + report.batches
-        watched.losses = losses + report.losses
-        watched.failures = failures + report.failures
-        watched.last_error = report.last_error or watched.last_error
-        watched.last_seq, watched.silent = report.last_seq, report.silent
-        watched.changed.unpark_all()
-        if report.loss is not None and self._on_loss is not None:
-            self._on_loss(worker, report.loss)
-        if report.failure is not None:
-            _log_failure(worker, watched, *report.failure)
-
-    def reader_lost(self, workers: list[Worker]) -> None:
-        """Their reader process ended: what the index holds of them is forgotten, and they are
-        stale until the next one's snapshots are in."""
-        self.index.clear_workers(workers)
-        for worker in workers:
-            watched = self._watched.get(worker)
-            if watched is None:
-                continue
-            self.index.mark_stale(worker)
-            watched.failures += 1
-            watched.last_error = "its reader process ended"
-            watched.counted = (watched.batches, watched.losses, watched.failures)
-            watched.changed.unpark_all()
+            await follow(self._record, worker, *endpoints, config, context, self._bootstraps)
 
     async def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
         reader process, which keeps them, when there is one)."""
-        watched = self._watched[worker]  # a KeyError names a worker never added
+        watched = self._roster[worker]  # a KeyError names a worker never added
         for reader in self._readers:
             if watched.slot in reader.wanted:
                 return await reader.engine_hashes(watched.slot)
@@ -323,20 +184,10 @@ class Watcher(metaclass=NoPublicConstructor):
 WATCHER_SETS = frozenset({"start_seq", "on_loss", "on_silence"})
 
 
-def _log_failure(worker: Worker, watched: _Watched, error: str, retry: float) -> None:
-    logger.warning(
-        "watching %r on %s failed (%s); trying again in %.1f s",
-        worker,
-        watched.endpoint,
-        error,
-        retry,
-    )
-
-
 def _changed(config: SubscriberConfig, settings: dict[str, Any]) -> SubscriberConfig:
     ours = sorted(WATCHER_SETS & settings.keys())
     if ours:
-        raise TypeError(
+        raise TskvTypeError(
             f"the watcher sets {', '.join(ours)} itself (each worker starts from its "
             "snapshot); pass on_loss=f(worker, loss) to open_watcher for the losses"
         )
@@ -383,18 +234,39 @@ async def open_watcher(
     """
     config = _changed(SubscriberConfig(), subscriber_settings)
     int_at_least("processes", processes, 0, ConfigError)
-    int_at_least("snapshots_at_once", snapshots_at_once, 1, ConfigError)
     if processes and context is not None:
-        raise TypeError(
+        raise TskvTypeError(
             "context cannot be shared with reader processes (each makes its own); "
             "pass processes=0 to use this context"
         )
     if processes and sys.platform == "win32":
-        raise ValueError(f"processes = {processes}: reader processes need POSIX; use 0 on Windows")
+        raise ConfigError(f"processes = {processes}: reader processes need POSIX; use 0 on Windows")
+    async with watch(
+        index, config, on_loss, context, processes, snapshots_at_once=snapshots_at_once
+    ) as watcher:
+        yield watcher
+
+
+@asynccontextmanager
+async def watch(
+    index: PrefixIndex,
+    config: SubscriberConfig,
+    on_loss: Callable[[Worker, Loss], object] | None = None,
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    processes: int = 0,
+    *,
+    snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
+    listener: Listener | None = None,
+) -> AsyncIterator[Watcher]:
+    """`open_watcher` with its settings checked; a reader process's own watcher gives its
+    record a `listener` (its outbox)."""
+    int_at_least("snapshots_at_once", snapshots_at_once, 1, ConfigError)
     async with background_tasks() as nursery:
-        watcher = Watcher._create(index, nursery, on_loss, config, context, snapshots_at_once)
+        watcher = Watcher._create(
+            index, nursery, on_loss, config, context, snapshots_at_once, listener
+        )
         for _ in range(processes):
-            reader = Reader(watcher, index.block_size, snapshots_at_once)
+            reader = Reader(watcher._mirror, index.block_size, snapshots_at_once)
             await nursery.start(reader.run)
             watcher._readers.append(reader)
         yield watcher

@@ -1,0 +1,294 @@
+"""What a watcher's index process and its reader processes say to each other, as values, and
+their bytes on the pipe between them: no I/O (`frames.py` is the same for ZeroMQ's frames).
+
+The index's process tells a reader which workers to follow (`Follow`, `Unfollow`) and asks
+for a worker's engine hashes (`AskHashes`). A reader answers with `News` frames: each worker's
+`Report` (its figures, the holds its index took and let go of, the losses to hand `on_loss`),
+its log records (`LogLine`), the answers (`Hashes`), and what it had to drop to stay bounded.
+Each message goes as a msgpack array tagged with its kind; a frame is its length (4 bytes,
+little-endian) and the packed message. Only the two ends of one pipe ever speak on it, so a
+message that does not parse is a bug on the other end: `ReaderMessageError` says which.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import msgpack
+
+from tskv.core._msgspec import msgspec
+from tskv.core.errors import TskvError
+from tskv.core.losses import Loss, LossReason
+from tskv.core.worker_view import WorkerFigures
+
+_LENGTH = struct.Struct("<I")
+
+if msgspec is not None:
+    _pack, _unpack = msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder().decode
+else:
+    _pack, _unpack = msgpack.Packer().pack, msgpack.unpackb
+
+
+class ReaderMessageError(TskvError, ValueError):
+    """A message on a reader's pipe that is not one of these: a bug at its other end."""
+
+
+@attrs.frozen
+class Follow:
+    """Follow a worker, named `slot` on this pipe, with these subscriber settings."""
+
+    slot: int
+    endpoint: str
+    replay_endpoint: str | None
+    settings: dict[str, Any]
+
+
+@attrs.frozen
+class Unfollow:
+    slot: int
+
+
+@attrs.frozen
+class AskHashes:
+    """Which engine hashes the reader's index holds for `slot`; answered by `Hashes`."""
+
+    question: int
+    slot: int
+
+
+@attrs.frozen
+class Report:
+    """A worker's state after some news: its figures, the holds its index took and let go of
+    since the last report (`PrefixIndex.take_changes`), whether that index has seen string
+    token ids, the losses for `on_loss`, and a failure to log (error, retry in seconds)."""
+
+    slot: int
+    figures: WorkerFigures
+    changes: list[list[int]]
+    strings: bool = False
+    losses: list[Loss] = attrs.Factory(list)
+    failure: tuple[str, float] | None = None
+
+
+@attrs.frozen
+class LogLine:
+    """A log record of the reader's, for the index's process to log under the same name."""
+
+    name: str
+    level: int
+    text: str
+
+
+@attrs.frozen
+class Hashes:
+    question: int
+    hashes: list[int]
+
+
+@attrs.frozen
+class News:
+    """One frame from a reader: everything it had to say since the last one, in order; its CPU
+    time so far; and how many loss reports and log records it dropped to stay bounded (their
+    effect on the figures and the index is never dropped, only the callback or the line)."""
+
+    cpu_seconds: float
+    items: list[Report | LogLine | Hashes]
+    dropped_losses: int = 0
+    dropped_logs: int = 0
+
+
+Command = Follow | Unfollow | AskHashes
+
+# -- values to plain tuples and back ---------------------------------------------------------
+
+
+def _figures_out(figures: WorkerFigures) -> tuple[Any, ...]:
+    return attrs.astuple(figures, recurse=False)
+
+
+def _loss_out(loss: Loss) -> tuple[Any, ...]:
+    return (loss.first_seq, loss.last_seq, loss.reason.value, loss.new_seq)
+
+
+def _plain(message: Command | News | Report | LogLine | Hashes) -> tuple[Any, ...]:
+    if isinstance(message, Follow):
+        return ("follow", message.slot, message.endpoint, message.replay_endpoint, message.settings)
+    if isinstance(message, Unfollow):
+        return ("unfollow", message.slot)
+    if isinstance(message, AskHashes):
+        return ("ask_hashes", message.question, message.slot)
+    if isinstance(message, Report):
+        losses = [_loss_out(loss) for loss in message.losses]
+        return (
+            "report",
+            message.slot,
+            _figures_out(message.figures),
+            message.changes,
+            message.strings,
+            losses,
+            message.failure,
+        )
+    if isinstance(message, LogLine):
+        return ("log", message.name, message.level, message.text)
+    if isinstance(message, Hashes):
+        return ("hashes", message.question, message.hashes)
+    items = [_plain(item) for item in message.items]
+    return ("news", message.cpu_seconds, items, message.dropped_losses, message.dropped_logs)
+
+
+def _check(condition: bool, what: str, value: object) -> None:
+    if not condition:
+        raise ReaderMessageError(f"reader pipe: {what}, got {value!r:.200}")
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _figures_in(value: Any) -> WorkerFigures:
+    _check(isinstance(value, (list, tuple)) and len(value) == 7, "figures of 7 fields", value)
+    batches, losses, failures, last_error, last_seq, silent, stale = value
+    _check(all(_int(n) and n >= 0 for n in (batches, losses, failures)), "counts", value)
+    _check(last_error is None or isinstance(last_error, str), "last_error", value)
+    _check(last_seq is None or _int(last_seq), "last_seq", value)
+    _check(isinstance(silent, bool) and isinstance(stale, bool), "silent and stale", value)
+    return WorkerFigures(batches, losses, failures, last_error, last_seq, silent, stale)
+
+
+def _loss_in(value: Any) -> Loss:
+    _check(isinstance(value, (list, tuple)) and len(value) == 4, "a loss of 4 fields", value)
+    first, last, reason, new_seq = value
+    _check(_int(first) and (last is None or _int(last)), "a loss's seqs", value)
+    _check(new_seq is None or _int(new_seq), "a loss's new seq", value)
+    try:
+        return Loss(first, last, LossReason(reason), new_seq)
+    except ValueError:
+        raise ReaderMessageError(f"reader pipe: no loss reason {reason!r}") from None
+
+
+def _changes_in(value: Any) -> list[list[int]]:
+    _check(
+        isinstance(value, list) and all(isinstance(run, list) for run in value),
+        "changes as lists of keys",
+        value,
+    )
+    return value  # type: ignore[no-any-return]  # keys are what hash() gave: any int
+
+
+_SHAPES = {
+    "follow": 5,
+    "unfollow": 2,
+    "ask_hashes": 3,
+    "report": 7,
+    "log": 4,
+    "hashes": 3,
+    "news": 5,
+}
+
+
+def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
+    _check(isinstance(value, (list, tuple)) and len(value) >= 1, "a tagged array", value)
+    kind = value[0]
+    _check(_SHAPES.get(kind) == len(value), f"a known message of its length ({kind!r})", value)
+    if kind == "follow":
+        _, slot, endpoint, replay, settings = value
+        _check(_int(slot) and isinstance(endpoint, str), "follow's slot and endpoint", value)
+        _check(replay is None or isinstance(replay, str), "follow's replay endpoint", value)
+        _check(isinstance(settings, dict), "follow's settings", value)
+        return Follow(slot, endpoint, replay, settings)
+    if kind == "unfollow":
+        _check(_int(value[1]), "unfollow's slot", value)
+        return Unfollow(value[1])
+    if kind == "ask_hashes":
+        _check(_int(value[1]) and _int(value[2]), "ask_hashes' numbers", value)
+        return AskHashes(value[1], value[2])
+    if kind == "report":
+        _, slot, figures, changes, strings, losses, failure = value
+        _check(_int(slot) and isinstance(strings, bool), "report's slot and strings", value)
+        _check(isinstance(losses, list), "report's losses", value)
+        if failure is not None:
+            _check(
+                isinstance(failure, (list, tuple))
+                and len(failure) == 2
+                and isinstance(failure[0], str)
+                and isinstance(failure[1], (int, float)),
+                "report's failure (error, retry in)",
+                failure,
+            )
+            failure = (failure[0], float(failure[1]))
+        return Report(
+            slot,
+            _figures_in(figures),
+            _changes_in(changes),
+            strings,
+            [_loss_in(loss) for loss in losses],
+            failure,
+        )
+    if kind == "log":
+        _, name, level, text = value
+        _check(isinstance(name, str) and _int(level) and isinstance(text, str), "a log", value)
+        return LogLine(name, level, text)
+    if kind == "hashes":
+        _check(_int(value[1]) and isinstance(value[2], list), "hashes' answer", value)
+        return Hashes(value[1], value[2])
+    _, cpu, items, dropped_losses, dropped_logs = value
+    _check(isinstance(cpu, (int, float)) and isinstance(items, list), "news", value)
+    _check(_int(dropped_losses) and _int(dropped_logs), "news' dropped counts", value)
+    parsed = [_parsed(item) for item in items]
+    _check(all(isinstance(i, (Report, LogLine, Hashes)) for i in parsed), "news items", items)
+    return News(float(cpu), parsed, dropped_losses, dropped_logs)  # type: ignore[arg-type]
+
+
+# -- frames on the pipe ------------------------------------------------------------------------
+
+
+def frame(message: Command | News) -> bytes:
+    """The bytes that carry `message` on the pipe."""
+    packed: bytes = _pack(_plain(message))
+    return _LENGTH.pack(len(packed)) + packed
+
+
+class FrameReader:
+    """Messages out of the pipe's bytes, as they arrive in chunks of any size."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes | bytearray) -> list[Command | News]:
+        """The messages `chunk` completes, in order."""
+        buffer = self._buffer
+        buffer += chunk
+        found: list[Command | News] = []
+        start = 0
+        while len(buffer) - start >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(buffer, start)
+            end = start + _LENGTH.size + length
+            if end > len(buffer):
+                break
+            try:
+                value = _unpack(bytes(memoryview(buffer)[start + _LENGTH.size : end]))
+            except Exception as exc:  # every decoder's failure, whatever its class
+                raise ReaderMessageError(f"reader pipe: a frame is not msgpack ({exc})") from None
+            message = _parsed(value)
+            _check(isinstance(message, (Follow, Unfollow, AskHashes, News)), "a frame", value)
+            found.append(message)  # type: ignore[arg-type]
+            start = end
+        del buffer[:start]
+        return found
+
+
+def commands(messages: Sequence[Command | News]) -> list[Command]:
+    """The commands among `messages` (a reader reads only those); anything else is a bug."""
+    for message in messages:
+        _check(not isinstance(message, News), "a command", message)
+    return list(messages)  # type: ignore[arg-type]
+
+
+def news(messages: Sequence[Command | News]) -> list[News]:
+    """The news among `messages` (the index's process reads only those)."""
+    for message in messages:
+        _check(isinstance(message, News), "news", message)
+    return list(messages)  # type: ignore[arg-type]

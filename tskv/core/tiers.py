@@ -1,0 +1,33 @@
+"""Where a cached block lives: its tier, `(medium, group_idx)`, the one definition of it.
+
+An engine caches a block once per tier: per storage medium (vLLM's GPU, CPU and STORAGE,
+SGLang's GPU, CPU_PINNED, DISK and EXTERNAL) and, on hybrid models, per KV cache group (vLLM
+0.33 names the group of every store and removal). A removal names the tier it leaves, so a
+sliding-window group letting go of a block never touches the copy the full-attention group
+still holds. The publisher's cache state, the prefix index and its holdings all file blocks by
+this one value.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+Tier = tuple[str | None, int | None]  # (medium, group_idx); None where the event names neither
+UNTIERED: Tier = (None, None)  # an event that names no tier: TokenSpeed's wire, older engines
+
+
+class Tiered(Protocol):
+    @property
+    def medium(self) -> str | None: ...
+
+    @property
+    def group_idx(self) -> int | None: ...
+
+
+def tier_of(event: Tiered) -> Tier:
+    """The tier a BlockStored or BlockRemoved names; `UNTIERED` itself when it names none, so a
+    caller may test it with `is`."""
+    medium, group = event.medium, event.group_idx
+    if medium is None and group is None:
+        return UNTIERED
+    return (medium, group)

@@ -1,0 +1,158 @@
+"""The record of a watcher's followers: it applies each worker's news to the index.
+
+A follower (`_following.follow`) hands it every batch, snapshot, loss, silence and failure of
+one worker. The record applies batches and snapshot parts to the index, tells the worker's view
+what happened (the view decides stale or current, and the index carries it out), and keeps the
+worker's figures. In a reader process a listener (its outbox) also hears each piece of news,
+to send the worker's new state to the index's process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+
+from tskv.core.events import KVEventBatch
+from tskv.core.losses import Loss
+from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.worker_view import Changes, WorkerFigures
+from tskv.shells._snapshot_parts import SnapshotParts
+from tskv.shells._watched import Roster, Watched, log_failure
+
+
+class Listener(Protocol):
+    """Who else hears each worker's news (a reader process's outbox, for the index's process)."""
+
+    async def room(self) -> None:
+        """Return when another batch may be applied (the listener's queue is bounded)."""
+
+    def noted(
+        self,
+        worker: Worker,
+        figures: WorkerFigures,
+        *,
+        batch: bool = False,
+        loss: Loss | None = None,
+        failure: tuple[str, float] | None = None,
+    ) -> None:
+        """The worker's state changed (now `figures`): a batch applied, a loss, a failure, or
+        other news."""
+
+    async def part_noted(self, worker: Worker, figures: WorkerFigures) -> None:
+        """A snapshot's part (not its last) was applied: its news goes out on its own."""
+
+
+class IndexRecord:
+    """Applies each watched worker's news to `index` and keeps its figures in the roster."""
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        roster: Roster,
+        on_loss: Callable[[Worker, Loss], object] | None = None,
+        listener: Listener | None = None,
+    ) -> None:
+        self.index = index
+        self._roster = roster
+        self._on_loss = on_loss
+        self._listener = listener
+
+    def watching(self, worker: Worker) -> bool:
+        return worker in self._roster
+
+    async def room(self) -> None:
+        if self._listener is not None:
+            await self._listener.room()
+
+    def _tell(self, worker: Worker, changes: Changes) -> None:
+        self.index.carry_out(worker, changes)
+
+    def _note(
+        self,
+        worker: Worker,
+        watched: Watched,
+        *,
+        batch: bool = False,
+        loss: Loss | None = None,
+        failure: tuple[str, float] | None = None,
+    ) -> None:
+        if self._listener is not None:
+            self._listener.noted(worker, watched.figures, batch=batch, loss=loss, failure=failure)
+
+    def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None:
+        watched = self._roster.get(worker)
+        if watched is None:
+            return  # removed while this batch was on its way
+        self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
+        self._delivered(worker, watched, seq)
+        self._note(worker, watched, batch=True)
+
+    async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
+        """Apply the snapshot a part at a time: stale until its last part is in, so no query
+        trusts a half-restored view; then as the whole snapshot would have left it."""
+        watched = self._roster.get(worker)
+        if watched is None:
+            return
+        view = self.index.worker_view(worker)
+        self._tell(worker, view.snapshot_begins())
+        watched.update(attrs.evolve(watched.figures, stale=True))
+        async for part in snapshot:
+            if self._roster.get(worker) is not watched:
+                return  # removed meanwhile: its parts must not bring it back into the index
+            self.index.apply(worker, part)
+            if self._listener is not None and not snapshot.complete:
+                await self._listener.part_noted(worker, watched.figures)
+        if self._roster.get(worker) is not watched:
+            return
+        self._tell(worker, view.snapshot_ends(snapshot.complete))
+        if snapshot.complete:
+            self._delivered(worker, watched, seq)
+        self._note(worker, watched, batch=True)
+
+    def _delivered(self, worker: Worker, watched: Watched, seq: int) -> None:
+        view = self.index.worker_view(worker)
+        if view.from_start:
+            self._tell(worker, view.delivered(seq))
+        watched.update(watched.figures.after_batch(seq, view.stale))
+
+    def lost(self, worker: Worker, loss: Loss) -> None:
+        watched = self._roster.get(worker)
+        if watched is None:
+            return
+        view = self.index.worker_view(worker)
+        self._tell(worker, view.lost(loss))
+        figures = watched.figures
+        watched.update(attrs.evolve(figures, losses=figures.losses + 1, stale=view.stale))
+        if self._on_loss is not None:
+            self._on_loss(worker, loss)
+        self._note(worker, watched, loss=loss)
+
+    def silence(self, worker: Worker, silent: bool) -> None:
+        watched = self._roster.get(worker)
+        if watched is None:
+            return
+        view = self.index.worker_view(worker)
+        self._tell(worker, view.silence(silent))
+        watched.update(attrs.evolve(watched.figures, silent=silent, stale=view.stale))
+        self._note(worker, watched)
+
+    def failed(self, worker: Worker, error: str, retry_in: float) -> None:
+        watched = self._roster.get(worker)
+        if watched is None:
+            return
+        figures = watched.figures
+        watched.update(attrs.evolve(figures, failures=figures.failures + 1, last_error=error))
+        if self._listener is None:
+            log_failure(worker, watched, error, retry_in)
+        self._note(worker, watched, failure=(error, retry_in))  # the other end logs it
+
+    def resubscribed(self, worker: Worker) -> None:
+        watched = self._roster.get(worker)
+        if watched is None:
+            return
+        view = self.index.worker_view(worker)
+        self._tell(worker, view.resubscribed())
+        watched.update(attrs.evolve(watched.figures, stale=view.stale))
+        self._note(worker, watched)

@@ -1,0 +1,207 @@
+"""A watcher's reader process, from its own side: a watcher over some workers, in an index of
+its own, whose news goes to the index's process.
+
+It runs a `Watcher` whose record has an `Outbox` as its listener: after each piece of news the
+outbox queues the worker's new state, and sends what is queued to the index's process in one
+`News` frame once no news has come for FRAME_QUIET seconds, or FRAME_DELAY after the first (under
+load a frame carries many batches, and the index's process wakes once for all). Everything the
+outbox queues is bounded: each batch (or snapshot part) is a report of its own, and the
+followers wait while OUTBOX_BATCHES are unsent; a worker's other news (a loss, a silence, a
+failure) joins its next report, so at most one more per worker is queued; and past
+MAX_LOSSES loss reports or MAX_LOGS log records it drops the callbacks and lines, counting them
+in the frame (the index and the figures keep every loss).
+
+`main()` runs it, given BLOCK_SIZE, SNAPSHOTS_AT_ONCE and LOG_LEVEL as arguments; its stdin and
+stdout are the pipe to the index's process (`_reader_process`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import attrs
+import trio
+
+from tskv.core.config import SubscriberConfig
+from tskv.core.losses import Loss
+from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.reader_messages import (
+    AskHashes,
+    Follow,
+    FrameReader,
+    Hashes,
+    LogLine,
+    News,
+    Report,
+    Unfollow,
+    commands,
+    frame,
+)
+from tskv.core.worker_view import WorkerFigures
+from tskv.shells._background import only
+from tskv.shells.watcher import watch
+
+OUTBOX_BATCHES = 1_000  # batches (and snapshot parts) unsent before the followers wait
+MAX_LOSSES = 1_000  # loss reports queued, for `on_loss`, before more are dropped (counted)
+MAX_LOGS = 1_000  # log records queued before more are dropped (counted)
+FRAME_QUIET = 0.002
+FRAME_DELAY = 0.02
+
+
+@attrs.define
+class _Open:
+    """A worker's news since its last report: the latest figures, the losses, a failure."""
+
+    figures: WorkerFigures
+    losses: list[Loss] = attrs.Factory(list)
+    failure: tuple[str, float] | None = None
+
+
+class Outbox:
+    """The reader's record's listener (`_index_record.Listener`): each worker's new state,
+    bounded, sent to the index's process as it can take it."""
+
+    def __init__(self, index: PrefixIndex) -> None:
+        self._index = index
+        self._sealed: list[Report] = []  # a report per batch or part, in order
+        self._open: dict[int, _Open] = {}  # slot -> what its next report will say
+        self._logs: list[LogLine] = []
+        self._answers: list[Hashes] = []
+        self._batches = 0  # batch news since the last frame: `room` waits past OUTBOX_BATCHES
+        self._losses = 0  # loss reports queued
+        self._dropped_losses = 0
+        self._dropped_logs = 0
+        self._has_news = trio.lowlevel.ParkingLot()
+        self._has_room = trio.lowlevel.ParkingLot()
+
+    async def room(self) -> None:
+        while self._batches >= OUTBOX_BATCHES:
+            await self._has_room.park()
+
+    def noted(
+        self,
+        worker: Worker,
+        figures: WorkerFigures,
+        *,
+        batch: bool = False,
+        loss: Loss | None = None,
+        failure: tuple[str, float] | None = None,
+    ) -> None:
+        assert isinstance(worker, int)  # a reader's watcher names its workers by their slots
+        entry = self._open.get(worker)
+        if entry is None:
+            entry = self._open[worker] = _Open(figures)
+        entry.figures = figures
+        if loss is not None:
+            if self._losses < MAX_LOSSES:
+                entry.losses.append(loss)
+                self._losses += 1
+            else:
+                self._dropped_losses += 1
+        if failure is not None:
+            entry.failure = failure  # failures come a backoff apart: the latest is the news
+        if batch:  # its own report: the index's process applies one at a time, between queries
+            self._sealed.append(self._report(worker))
+            self._batches += 1
+        self._has_news.unpark_all()
+
+    async def part_noted(self, worker: Worker, figures: WorkerFigures) -> None:
+        """A snapshot's part goes as its own report, so that the index's process mirrors the
+        snapshot in steps between its queries (whole, 50,000 blocks held its loop 25-50 ms)."""
+        self.noted(worker, figures, batch=True)
+        await self.room()
+
+    def _report(self, slot: int) -> Report:
+        entry = self._open.pop(slot)
+        changes = self._index.take_changes(slot)
+        strings = self._index.seen_strings
+        return Report(slot, entry.figures, changes, strings, entry.losses, entry.failure)
+
+    def log(self, record: logging.LogRecord) -> None:
+        if len(self._logs) < MAX_LOGS:
+            self._logs.append(LogLine(record.name, record.levelno, record.getMessage()))
+        else:
+            self._dropped_logs += 1
+        self._has_news.unpark_all()
+
+    def answer(self, question: AskHashes) -> None:
+        hashes = list(self._index.engine_hashes(question.slot))
+        self._answers.append(Hashes(question.question, hashes))
+        self._has_news.unpark_all()
+
+    def _pending(self) -> int:
+        return len(self._sealed) + len(self._open) + len(self._logs) + len(self._answers)
+
+    async def send_all(self, stream: trio.abc.SendStream) -> None:
+        while True:
+            if not self._pending():
+                await self._has_news.park()
+            deadline = trio.current_time() + FRAME_DELAY
+            waited = -1
+            while waited < self._pending() and self._batches < OUTBOX_BATCHES:
+                if trio.current_time() >= deadline:
+                    break
+                waited = self._pending()
+                await trio.sleep(FRAME_QUIET)
+            await stream.send_all(frame(self._news()))
+            self._has_room.unpark_all()
+
+    def _news(self) -> News:
+        """Everything queued, as one frame, and the queue emptied."""
+        reports = self._sealed + [self._report(slot) for slot in list(self._open)]
+        items: list[Report | LogLine | Hashes] = [*reports, *self._logs, *self._answers]
+        made = News(time.process_time(), items, self._dropped_losses, self._dropped_logs)
+        self._sealed, self._logs, self._answers = [], [], []
+        self._batches = self._losses = self._dropped_losses = self._dropped_logs = 0
+        return made
+
+
+class _Forward(logging.Handler):
+    """The reader's log records, re-logged by the index's process under the same names."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        super().__init__()
+        self._outbox = outbox
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._outbox.log(record)
+
+
+async def _serve(block_size: int, at_once: int, level: int, stdin: int, stdout: int) -> None:
+    index = PrefixIndex(block_size, record_changes=True)
+    outbox = Outbox(index)
+    tskv_logger = logging.getLogger("tskv")
+    tskv_logger.addHandler(_Forward(outbox))
+    tskv_logger.setLevel(level)
+    tskv_logger.propagate = False
+    async with (
+        watch(index, SubscriberConfig(), snapshots_at_once=at_once, listener=outbox) as watcher,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(outbox.send_all, trio.lowlevel.FdStream(stdout))
+        pipe, reader = trio.lowlevel.FdStream(stdin), FrameReader()
+        while chunk := await pipe.receive_some(1 << 20):
+            for command in commands(reader.feed(chunk)):
+                if isinstance(command, Follow):
+                    endpoints = (command.endpoint, command.replay_endpoint)
+                    watcher.add(command.slot, *endpoints, **command.settings)
+                elif isinstance(command, Unfollow):
+                    watcher.remove(command.slot)
+                else:
+                    outbox.answer(command)
+        nursery.cancel_scope.cancel()  # the index's process closed our stdin: it is done
+
+
+def main() -> None:
+    block_size, at_once, level = (int(argument) for argument in sys.argv[-3:])
+    stdin, stdout = os.dup(0), os.dup(1)
+    os.dup2(2, 1)  # a stray print must not corrupt the frames
+    sys.stdout = sys.stderr
+    try:
+        trio.run(_serve, block_size, at_once, level, stdin, stdout)
+    except BaseException as exc:
+        if not only(exc, trio.BrokenResourceError, KeyboardInterrupt):
+            raise  # else the index's process is gone

@@ -1,0 +1,47 @@
+"""A watched worker, as the watcher's parts share it: the handle adds and removes it and reads
+its figures, the index record (or the mirror of its reader process) keeps them current."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from tskv.core.config import SubscriberConfig
+from tskv.core.prefix_index import Worker
+from tskv.core.worker_view import WorkerFigures
+
+
+@attrs.define
+class Watched:
+    endpoint: str
+    replay_endpoint: str | None
+    config: SubscriberConfig
+    slot: int  # how a reader process names it: its `add`'s number
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # its follower's, here
+    figures: WorkerFigures = attrs.Factory(WorkerFigures)
+    changed: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+
+    def update(self, figures: WorkerFigures) -> None:
+        """New figures: whoever waits on this worker looks again."""
+        self.figures = figures
+        self.changed.unpark_all()
+
+
+Roster = dict[Worker, Watched]
+
+
+logger = logging.getLogger("tskv.shells.watcher")
+
+
+def log_failure(worker: Worker, watched: Watched, error: str, retry_in: float) -> None:
+    """A worker's subscriber failed: said where the watcher's user looks, whichever process
+    followed the worker."""
+    logger.warning(
+        "watching %r on %s failed (%s); trying again in %.1f s",
+        worker,
+        watched.endpoint,
+        error,
+        retry_in,
+    )
