@@ -65,4 +65,4 @@ def bench(session: nox.Session) -> None:
         session.log("ai-dynamo-runtime does not install here: the Dynamo columns are skipped")
     else:  # Dynamo's own ZMQ indexer reads tskv's stream on both wires
         session.run("pytest", "-q", "tests/interop/test_dynamo.py")
-    session.run("python", "-m", "tskv._bench", *session.posargs)
+    session.run("python", "-m", "benchmarks", *session.posargs)

@@ -23,7 +23,8 @@ MAY_IMPORT = {
     "curve": ("tskv.core", "tskv.curve"),
     "shells": ("tskv.core", "tskv.curve", "tskv.shells"),
 }
-TOOLS = ("tskv.sim", "tskv._cli", "tskv.testing", "tskv.pytest_plugin", "tskv._bench")
+TOOLS = ("tskv.sim", "tskv._cli", "tskv.testing", "tskv.pytest_plugin")
+BENCHMARKS = PACKAGE.parent / "benchmarks"  # beside the package: not in the wheel
 
 
 def modules(layer: str) -> list[str]:
@@ -74,6 +75,19 @@ def test_no_library_module_imports_a_tool() -> None:
     for module in library:
         tools = sorted(name for name in imported(module) if within(name, TOOLS))
         assert tools == [], f"{module} imports the tools {tools}"
+
+
+def test_the_benchmark_stands_outside_the_package_and_nothing_in_it_imports_it() -> None:
+    assert (BENCHMARKS / "__main__.py").is_file() and not (PACKAGE / "_bench").exists()
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        names = {
+            alias.name if isinstance(node, ast.Import) else node.module or ""
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        assert not any(within(name, ("benchmarks",)) for name in names), module
 
 
 # Load a core module and what it imports without running tskv/__init__.py (which re-exports the

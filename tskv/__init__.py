@@ -16,7 +16,14 @@ from tskv.core.events import (
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import Match, PrefixIndex
 from tskv.core.replay_server import ReplayStatistics
-from tskv.core.routing import Choice, LoadAwarePolicy
+from tskv.core.routing import (
+    Choice,
+    LoadAwarePolicy,
+    LongestPrefixPolicy,
+    Policy,
+    RandomPolicy,
+    RoundRobinPolicy,
+)
 from tskv.core.scheduler import (
     drain_scheduler_kv_events,
     foreign_event_to_wire_event,
@@ -53,17 +60,21 @@ __all__ = [
     "KVEventsConfig",
     "KeyFileError",
     "LoadAwarePolicy",
+    "LongestPrefixPolicy",
     "Loss",
     "LossReason",
     "MMKey",
     "Match",
     "NullEventPublisher",
+    "Policy",
     "PrefixIndex",
     "Publisher",
     "PublisherClosedError",
     "PublisherFailedError",
     "PublisherStatistics",
+    "RandomPolicy",
     "ReplayStatistics",
+    "RoundRobinPolicy",
     "Subscriber",
     "SubscriberConfig",
     "SubscriberStatistics",

@@ -1,5 +1,5 @@
-"""The load-aware routing policy, without sockets: each rule with exact numbers, and a property
-against a brute-force cost."""
+"""The routing policies, without sockets: each rule with exact numbers, and a property of the
+load-aware one against a brute-force cost."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tskv import ConfigError, LoadAwarePolicy, Match
+import tskv
+from tskv import (
+    ConfigError,
+    LoadAwarePolicy,
+    LongestPrefixPolicy,
+    Match,
+    RandomPolicy,
+    RoundRobinPolicy,
+)
 
 BLOCK = 16
 
@@ -84,3 +92,37 @@ def test_the_choice_has_the_lowest_cost_among_the_trusted_workers(
         return weights[0] * (prompt - cached) + weights[1] * queued[worker]
 
     assert choice.cost == cost(choice.worker) == min(cost(w) for w in pool)
+
+
+def test_longest_prefix_follows_the_cache_whatever_the_load() -> None:
+    match = Match({"a": 4, "b": 2}, frozenset())
+    choice = LongestPrefixPolicy().choose(match, 100, BLOCK, {"a": 10_000, "b": 0, "c": 0})
+    assert (choice.worker, choice.cached_tokens, choice.cost) == ("a", 64, 36)
+    tie = LongestPrefixPolicy().choose(Match({}, frozenset()), 100, BLOCK, {"a": 9, "b": 3})
+    assert tie.worker == "b"  # nothing cached anywhere: the least loaded
+
+
+def test_round_robin_takes_each_trusted_worker_in_turn() -> None:
+    policy = RoundRobinPolicy()
+    match = Match({"a": 4}, frozenset({"b"}))
+    queued = {"a": 0, "b": 0, "c": 0}
+    chosen = [policy.choose(match, 100, BLOCK, queued).worker for _ in range(4)]
+    assert chosen == ["a", "c", "a", "c"]
+    assert policy.choose(match, 100, BLOCK, queued).cached_tokens == 64  # "a", as the index says
+
+
+def test_random_draws_the_same_workers_from_the_same_seed() -> None:
+    match, queued = Match({}, frozenset()), {w: 0.0 for w in "abcdef"}
+    one, again = RandomPolicy(7), RandomPolicy(7)
+    assert [one.choose(match, 10, BLOCK, queued).worker for _ in range(20)] == [
+        again.choose(match, 10, BLOCK, queued).worker for _ in range(20)
+    ]
+    assert len({one.choose(match, 10, BLOCK, queued).worker for _ in range(60)}) > 1
+
+
+@pytest.mark.parametrize(
+    "policy", [LoadAwarePolicy(), LongestPrefixPolicy(), RoundRobinPolicy(), RandomPolicy(0)]
+)
+def test_every_policy_refuses_a_call_with_no_worker_naming_the_fix(policy: tskv.Policy) -> None:
+    with pytest.raises(ConfigError, match="no worker to route to"):
+        policy.choose(Match({}, frozenset()), 10, BLOCK, {})

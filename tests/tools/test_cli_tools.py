@@ -45,6 +45,15 @@ def test_what_cannot_work_is_one_line_naming_the_fix_exit_2(
     assert says in line and line.startswith(f"tskv {args[0]}: ")
 
 
+def test_bench_outside_a_clone_says_where_the_benchmark_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # an installed tskv, run anywhere: no benchmarks/ here
+    assert main(["bench", "--only", "index"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("tskv bench: ") and "nox -s bench" in line
+
+
 def test_demo_interrupted_exits_130_with_one_line() -> None:
     demo = tskv_process("demo", "--rounds", "1000000")
     assert demo.stdout is not None

@@ -143,7 +143,9 @@ async def test_routing_by_the_index_beats_round_robin_and_random_and_equals_the_
 
     lines: list[str] = []
     results = await compare(RoutingOptions(workers=3, rounds=120, cache_blocks=128), lines.append)
-    indexed, round_robin, randomly = results
+    indexed, longest, round_robin, randomly = results
+    assert [r.policy for r in results] == ["kv", "longest_prefix", "round_robin", "random"]
+    assert longest.max_load_share > indexed.max_load_share  # the cache alone piles work up
     assert indexed.index_equal  # the index equalled every worker's real cache at the end
     assert indexed.hit_rate > max(round_robin.hit_rate, randomly.hit_rate)
     assert indexed.prefilled_tokens < min(round_robin.prefilled_tokens, randomly.prefilled_tokens)

@@ -90,8 +90,8 @@ def test_eviction_is_lru_among_unreferenced_leaves_before_parents() -> None:
     cache.release([3])  # 3 was used after 1 and 2, but 1 is 2's parent
     cache.take_events()
     assert cache.acquire([(4, (4,)), (5, (5,))], None)
-    # LRU leaf first: 2 (older than 3), then 1 (now a leaf, older than 3)
-    assert cache.take_events()[:2] == [BlockRemoved([2]), BlockRemoved([1])]
+    # LRU leaf first: 2 (older than 3), then 1 (now a leaf, older than 3), in one event
+    assert cache.take_events()[:1] == [BlockRemoved([2, 1])]
     assert set(cache.blocks) == {3, 4, 5}
 
 

@@ -16,7 +16,7 @@ import trio
 import tskv
 from tests.zmq_helpers import LOOPBACK
 from tskv.sim.trace import TraceError, TraceRequest, max_hit_rate, read_trace
-from tskv.sim.trace_fleet import TraceWorker
+from tskv.sim.trace_fleet import TraceWorker, block_hashes
 from tskv.sim.trace_routing import TraceOptions, publish_trace
 
 HEAD = Path(__file__).resolve().parents[1] / "traces" / "mooncake_synthetic_head.jsonl"
@@ -40,7 +40,7 @@ def test_a_trace_reads_in_time_order_and_its_ceiling_is_an_infinite_shared_cache
     assert trace[1] == TraceRequest(10, 1100, 5, (1, 2, 3))
     assert len(trace[1].token_ids()) == 1100 and trace[1].token_ids()[512] == 2 * 512
     # blocks 1 and 2 again (1,024 tokens), then block 1 (512): of 2,724 prompt tokens
-    assert max_hit_rate(trace) == pytest.approx(1536 / 2724)
+    assert max_hit_rate(trace, 64) == pytest.approx(1536 / 2724)
     assert len(read_trace(HEAD, limit=7)) == 7
 
 
@@ -79,24 +79,27 @@ def test_a_missing_or_empty_trace_is_refused_naming_it(tmp_path: Path) -> None:
 def test_a_worker_hits_its_cached_prefix_evicts_least_recently_used_and_says_so() -> None:
     trace = [TraceRequest(0, 1024, 5, (1, 2)), TraceRequest(10, 1100, 5, (1, 2, 3))]
     trace.append(TraceRequest(20, 600, 5, (1, 4)))
-    worker = TraceWorker(cache_tokens=1100, block_size=64, prefill_rate=100.0)
+    worker = TraceWorker(cache_tokens=1100, block_size=64, prefill_rate=100.0)  # 17 blocks
     index = tskv.PrefixIndex(64)
     served = [worker.serve(request, request.timestamp_ms / 1000) for request in trace]
     assert [s.cached_tokens for s in served] == [0, 1024, 512]
-    one, two = worker.hashes(1, 512), worker.hashes(2, 512)
-    assert served[0].events == [  # one BlockStored per new trace block, chained
-        tskv.BlockStored(one, None, list(range(512, 1024)), 64),
-        tskv.BlockStored(two, one[-1], list(range(1024, 1536)), 64),
+    one, two = block_hashes(1, 64, 512), block_hashes(2, 64, 512)
+    assert served[0].events == [  # the new blocks, one chain, one event
+        tskv.BlockStored(one + two, None, list(range(512, 1536)), 64)
+    ]
+    assert served[1].events == [
+        tskv.BlockStored(block_hashes(3, 64, 76), two[-1], list(range(1536, 1600)), 64)
     ]
     assert served[0].done_at == pytest.approx(1024 / 100.0)
     assert served[1].done_at == pytest.approx(1024 / 100.0 + 76 / 100.0)  # queued behind r1
     removed = [e for e in served[2].events if isinstance(e, tskv.BlockRemoved)]
-    # block 3 (the leaf, least recently used) goes, then block 2; block 1, the request's own, stays
-    assert removed == [tskv.BlockRemoved(worker.hashes(3, 76) + worker.hashes(2, 512))]
+    # trace block 3's block (the leaf, least recently used) goes; trace block 1, the request's
+    # own, stays
+    assert removed == [tskv.BlockRemoved(block_hashes(3, 64, 76))]
     for s in served:
         index.apply(0, s.events)
     assert index.engine_hashes(0) == worker.engine_hashes()
-    assert worker.tokens == 600 and list(worker.cached) == [4, 1]
+    assert worker.engine_hashes() == {*one, *two, *block_hashes(4, 64, 88)}
 
 
 def test_a_worker_refuses_a_block_size_that_cuts_a_trace_block() -> None:
@@ -115,9 +118,15 @@ def test_the_trace_demo_routes_every_policy_and_the_index_stays_exact() -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["requests"] == 150 and result["index_exact"] is True
-    assert result["max_hit_rate"] == round(max_hit_rate(read_trace(HEAD, 150)), 4)
+    assert result["max_hit_rate"] == round(max_hit_rate(read_trace(HEAD, 150), 64), 4)
     policies = result["policies"]
-    assert set(policies) == {"kv", "kv_without_predictions", "round_robin", "random"}
+    assert set(policies) == {
+        "kv",
+        "kv_without_predictions",
+        "longest_prefix",
+        "round_robin",
+        "random",
+    }
     for numbers in policies.values():
         assert set(numbers) == {"hit_rate", "prefill_tokens", "max_load_share"}
         assert 0 <= numbers["hit_rate"] <= result["max_hit_rate"]

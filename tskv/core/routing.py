@@ -1,15 +1,22 @@
 """Choosing a worker for a request, from what the prefix index says and how busy each worker is.
 
-Longest prefix first is not a policy: when many requests share their first blocks (a system
-prompt), whoever holds them wins every time and one worker gets all the traffic. The cost of
-sending a request to a worker is what it would take that worker to get to the request's first
-new token: the prompt tokens it must prefill (those not in its cache), plus the work already
-queued on it. The cheapest worker wins; both terms are in tokens, each with a weight.
+Every policy is a class with one method, `choose(match, prompt_tokens, block_size, queued,
+workers=None) -> Choice`: the index's answer for the request, its length, and the work queued on
+each worker. `LoadAwarePolicy` is the one to route with. Longest prefix first
+(`LongestPrefixPolicy`) is not enough on its own: when many requests share their first blocks
+(a system prompt), whoever holds them wins every time and one worker gets all the traffic. The
+load-aware cost of sending a request to a worker is what it would take that worker to get to the
+request's first new token: the prompt tokens it must prefill (those not in its cache), plus the
+work already queued on it; the cheapest wins. `RoundRobinPolicy` and `RandomPolicy` ignore the
+cache: the baselines the demos compare with. Every policy passes over stale workers (whose view
+the index cannot vouch for) while any other is available.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import attrs
 
@@ -24,7 +31,38 @@ class Choice:
 
     worker: Worker
     cached_tokens: int  # of the prompt, as the index says that worker holds (predictions too)
-    cost: float  # prefill_weight * tokens to prefill + load_weight * queued work
+    cost: float  # what the policy minimised (LoadAwarePolicy: see there); 0 for the baselines
+
+
+class Policy(Protocol):
+    """What a routing policy is: anything with this `choose`."""
+
+    def choose(
+        self,
+        match: Match,
+        prompt_tokens: int,
+        block_size: int,
+        queued: Mapping[Worker, float],
+        workers: Iterable[Worker] | None = None,
+    ) -> Choice:
+        """One of `workers` (default: those in `queued`) for a prompt of `prompt_tokens`
+        tokens; `match` is the index's answer for it, `queued[w]` the work, in tokens, waiting
+        on worker w (missing: none)."""
+        ...
+
+
+def candidates(
+    match: Match, queued: Mapping[Worker, float], workers: Iterable[Worker] | None
+) -> list[Worker]:
+    """The workers a policy chooses among, in order: the trusted ones, or every one if none is."""
+    given = list(queued if workers is None else workers)
+    if not given:
+        raise ConfigError("no worker to route to: give the workers (or their queued work)")
+    return [worker for worker in given if worker not in match.stale] or given
+
+
+def _cached(match: Match, worker: Worker, prompt_tokens: int, block_size: int) -> int:
+    return min(match.get(worker, 0) * block_size, prompt_tokens)
 
 
 @attrs.frozen
@@ -32,8 +70,7 @@ class LoadAwarePolicy:
     """Route to the worker with the lowest cost: `prefill_weight` per prompt token it must
     prefill, plus `load_weight` per token of work queued on it. With the default weights of 1, a
     token waiting in a queue costs what a token to prefill does; a higher `load_weight` spreads
-    load at the expense of cache hits, a lower one follows the cache harder. Stale workers (whose
-    view the index cannot vouch for) are passed over while any other is available."""
+    load at the expense of cache hits, a lower one follows the cache harder."""
 
     prefill_weight: float = attrs.field(default=1.0, validator=at_least(0, error=ConfigError))
     load_weight: float = attrs.field(default=1.0, validator=at_least(0, error=ConfigError))
@@ -46,17 +83,11 @@ class LoadAwarePolicy:
         queued: Mapping[Worker, float],
         workers: Iterable[Worker] | None = None,
     ) -> Choice:
-        """The cheapest of `workers` (default: those in `queued`) for a prompt of
-        `prompt_tokens` tokens. `match` is the index's answer for it; `queued[w]` is the work,
-        in tokens, already waiting on worker w (missing: none). Ties go to the least loaded,
-        then to the first given. Raises ConfigError when there is no worker to choose from."""
-        candidates = list(queued if workers is None else workers)
-        trusted = [worker for worker in candidates if worker not in match.stale]
-        if not candidates:
-            raise ConfigError("no worker to route to: give the workers (or their queued work)")
+        """The cheapest worker (`Policy.choose`). Ties go to the least loaded, then to the
+        first given. Raises ConfigError when there is no worker to choose from."""
         best: tuple[float, float, int, Worker, int] | None = None
-        for order, worker in enumerate(trusted or candidates):
-            cached = min(match.get(worker, 0) * block_size, prompt_tokens)
+        for order, worker in enumerate(candidates(match, queued, workers)):
+            cached = _cached(match, worker, prompt_tokens, block_size)
             load = queued.get(worker, 0.0)
             cost = self.prefill_weight * (prompt_tokens - cached) + self.load_weight * load
             if best is None or (cost, load, order) < best[:3]:
@@ -64,3 +95,72 @@ class LoadAwarePolicy:
         assert best is not None
         cost, _, _, worker, cached = best
         return Choice(worker, cached, cost)
+
+
+@attrs.frozen
+class LongestPrefixPolicy:
+    """Route to the worker holding the most leading blocks of the request (ties: the least
+    loaded, then the first given); its cost is the tokens left to prefill. Blind to load: shown
+    beside `LoadAwarePolicy` to see what load-awareness buys."""
+
+    def choose(
+        self,
+        match: Match,
+        prompt_tokens: int,
+        block_size: int,
+        queued: Mapping[Worker, float],
+        workers: Iterable[Worker] | None = None,
+    ) -> Choice:
+        ranked = [
+            (
+                -_cached(match, worker, prompt_tokens, block_size),
+                queued.get(worker, 0.0),
+                order,
+                worker,
+            )
+            for order, worker in enumerate(candidates(match, queued, workers))
+        ]
+        held, _, _, worker = min(ranked)
+        return Choice(worker, -held, float(prompt_tokens + held))
+
+
+@attrs.define
+class RoundRobinPolicy:
+    """Each request to the next worker in turn, whatever it holds: a baseline."""
+
+    _turn: int = 0
+
+    def choose(
+        self,
+        match: Match,
+        prompt_tokens: int,
+        block_size: int,
+        queued: Mapping[Worker, float],
+        workers: Iterable[Worker] | None = None,
+    ) -> Choice:
+        pool = candidates(match, queued, workers)
+        worker = pool[self._turn % len(pool)]
+        self._turn += 1
+        return Choice(worker, _cached(match, worker, prompt_tokens, block_size), 0.0)
+
+
+@attrs.define
+class RandomPolicy:
+    """Each request to a worker drawn at random (from `seed`, when given): a baseline."""
+
+    seed: int | None = None
+    _draw: random.Random = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._draw = random.Random(self.seed)
+
+    def choose(
+        self,
+        match: Match,
+        prompt_tokens: int,
+        block_size: int,
+        queued: Mapping[Worker, float],
+        workers: Iterable[Worker] | None = None,
+    ) -> Choice:
+        worker = self._draw.choice(candidates(match, queued, workers))
+        return Choice(worker, _cached(match, worker, prompt_tokens, block_size), 0.0)

@@ -1,6 +1,6 @@
-"""A shared-prefix workload routed across simulated workers: by the load-aware policy over the
-prefix index (`tskv.LoadAwarePolicy`), round-robin, or at random. `tskv demo --route N` runs it
-and prints what each policy costs.
+"""A shared-prefix workload routed across simulated workers, by each policy of `core/routing.py`:
+load-aware over the prefix index (`tskv.LoadAwarePolicy`), longest prefix, round-robin, or at
+random. `tskv demo --route N` runs it and prints what each policy costs.
 
 Every worker is a real publisher on loopback; the index is kept by a real watcher. Before each
 round is routed, the watcher has applied every batch the workers published (a router's view as
@@ -9,7 +9,6 @@ of the last round). The run ends by checking the index against every worker's ow
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 
@@ -18,7 +17,13 @@ import attrs
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
 from tskv.core.prefix_index import PrefixIndex, Worker
-from tskv.core.routing import LoadAwarePolicy
+from tskv.core.routing import (
+    LoadAwarePolicy,
+    LongestPrefixPolicy,
+    Policy,
+    RandomPolicy,
+    RoundRobinPolicy,
+)
 from tskv.shells.publisher import Publisher
 from tskv.shells.watcher import Watcher
 from tskv.sim.block_hash import chain_hashes
@@ -27,7 +32,18 @@ from tskv.sim.sampling import GenerateRequest
 from tskv.sim.simulator import Simulator, Workload, step_round
 from tskv.sim.watched import watched_publishers
 
-POLICIES = ("kv", "round_robin", "random")
+POLICIES = ("kv", "longest_prefix", "round_robin", "random")
+
+
+def make_policy(name: str, seed: int) -> Policy:
+    """The policy the demo names."""
+    makers: dict[str, Callable[[], Policy]] = {
+        "kv": LoadAwarePolicy,
+        "longest_prefix": LongestPrefixPolicy,
+        "round_robin": RoundRobinPolicy,
+        "random": lambda: RandomPolicy(seed),
+    }
+    return makers[name]()
 
 
 @attrs.frozen
@@ -67,39 +83,27 @@ def _outstanding(sim: Simulator) -> float:
 
 def _cached_prefix(sim: Simulator, prompt: tuple[int, ...], block_size: int) -> int:
     """Tokens of `prompt` the worker really holds, block by block from the start."""
-    held = 0
-    for block in chain_hashes(prompt, block_size):
-        if block not in sim.cache.blocks:
-            break
-        held += block_size
-    return held
+    chain = [(block, ()) for block in chain_hashes(prompt, block_size)]
+    return sim.cache.cached_prefix(chain) * block_size  # type: ignore[arg-type]
 
 
 async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
     """Route the seed's workload with `policy`; the same requests for every policy."""
     result = PolicyResult(policy)
     workload = Workload(options.seed, options.block_size)
-    choose_randomly = random.Random(options.seed)
     sims = [Simulator(options.cache_blocks, options.block_size) for _ in range(options.workers)]
     index = PrefixIndex(options.block_size)
-    policy_ = LoadAwarePolicy()
+    router = make_policy(policy, options.seed)
     config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
     async with AsyncExitStack() as stack:
         publishers, watcher = await watched_publishers(stack, config, options.workers, index)
-        turn = 0
 
         def route(request: GenerateRequest) -> int:
-            nonlocal turn
-            if policy == "round_robin":
-                turn += 1
-                return turn % options.workers
-            if policy == "random":
-                return choose_randomly.randrange(options.workers)
             match = index.match(request.prompt_ids)
             result.stale_answers += bool(match.stale)
             queued: dict[Worker, float] = {w: _outstanding(sim) for w, sim in enumerate(sims)}
             prompt = len(request.prompt_ids)
-            rank = policy_.choose(match, prompt, options.block_size, queued).worker
+            rank = router.choose(match, prompt, options.block_size, queued).worker
             assert isinstance(rank, int)
             return rank
 

@@ -102,15 +102,16 @@ def _request(where: str, line: str) -> TraceRequest:
     )
 
 
-def max_hit_rate(requests: list[TraceRequest]) -> float:
-    """The share of prompt tokens an infinite cache shared by every worker would hold: the
-    ceiling any routing policy is measured against."""
-    seen: set[int] = set()
+def max_hit_rate(requests: list[TraceRequest], block_size: int) -> float:
+    """The share of prompt tokens an infinite cache shared by every worker would hold, in whole
+    blocks of `block_size` tokens as an engine reuses them: the ceiling any routing policy is
+    measured against."""
+    seen: dict[int, int] = {}  # trace block -> its longest prefix seen, in whole blocks
     hit = total = 0
     for request in requests:
         for position, block in enumerate(request.hash_ids):
-            if block in seen:
-                hit += request.block_tokens(position)
-            seen.add(block)
+            whole = request.block_tokens(position) // block_size
+            hit += min(whole, seen.get(block, 0)) * block_size
+            seen[block] = max(whole, seen.get(block, 0))
         total += request.input_length
     return hit / total if total else 0.0

@@ -23,7 +23,7 @@ async def compare_trace(
     """Run every policy on the trace and report them; the caller decides the exit status."""
     bar = ProgressBar(len(requests))
     results = [await run_policy(policy, requests, options, bar) for policy in POLICIES]
-    ceiling = max_hit_rate(requests)
+    ceiling = max_hit_rate(requests, options.block_size)
     if as_json:
         out(json.dumps(summary(requests, ceiling, results)))
     else:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -26,14 +25,21 @@ import trio
 from tskv.core.config import KVEventsConfig
 from tskv.core.events import KVEvent
 from tskv.core.prefix_index import PrefixIndex, Worker
-from tskv.core.routing import LoadAwarePolicy
+from tskv.core.routing import (
+    LoadAwarePolicy,
+    LongestPrefixPolicy,
+    Policy,
+    RandomPolicy,
+    RoundRobinPolicy,
+)
 from tskv.shells.publisher import Publisher
 from tskv.shells.watcher import Watcher
 from tskv.sim.trace import TraceRequest
 from tskv.sim.trace_fleet import TraceWorker
 from tskv.sim.watched import watched_publishers
 
-POLICIES = ("kv", "kv_without_predictions", "round_robin", "random")
+POLICIES = ("kv", "kv_without_predictions", "longest_prefix", "round_robin", "random")
+PREDICTING = ("kv",)  # the policies that record speculative entries for what they route
 _RUNS = itertools.count()
 
 
@@ -124,8 +130,7 @@ async def run_policy(
     result = TraceResult(policy, load=[0] * options.workers)
     now = 0.0
     index = PrefixIndex(options.block_size, clock=lambda: now)  # predictions live in trace time
-    router = LoadAwarePolicy(load_weight=options.load_weight)
-    pick = random.Random(options.seed)
+    router = make_policy(policy, options)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         fleet = await _watched_fleet(stack, options, index)
@@ -138,17 +143,10 @@ async def run_policy(
                 await trio.sleep_until(_wall(started, now, options.speed))
             await fleet.publish_until(now)
             tokens = request.token_ids()
-            if policy.startswith("kv"):
-                queued: dict[Worker, float] = {r: w.queued(now) for r, w in enumerate(workers)}
-                worker = _choose(index, router, tokens, queued, result)
-                if policy == "kv":
-                    index.predict(worker, tokens, options.predicted_ttl)
-            else:
-                worker = (
-                    number % options.workers
-                    if policy == "round_robin"
-                    else pick.randrange(options.workers)
-                )
+            queued: dict[Worker, float] = {r: w.queued(now) for r, w in enumerate(workers)}
+            worker = _choose(index, router, tokens, queued, result)
+            if policy in PREDICTING:
+                index.predict(worker, tokens, options.predicted_ttl)
             served = workers[worker].serve(request, now)
             fleet.served(worker, served.done_at, served.events)
             result.record(request, worker, served.cached_tokens)
@@ -204,9 +202,22 @@ async def publish_trace(
     return workers
 
 
+def make_policy(name: str, options: TraceOptions) -> Policy:
+    """The policy a trace run names."""
+    if name.startswith("kv"):
+        return LoadAwarePolicy(load_weight=options.load_weight)
+    if name == "longest_prefix":
+        return LongestPrefixPolicy()
+    if name == "round_robin":
+        return RoundRobinPolicy()
+    if name == "random":
+        return RandomPolicy(options.seed)
+    raise ValueError(f"no policy {name!r}: use one of {', '.join(POLICIES)}")
+
+
 def _choose(
     index: PrefixIndex,
-    router: LoadAwarePolicy,
+    router: Policy,
     tokens: list[int],
     queued: dict[Worker, float],
     result: TraceResult,

@@ -11,8 +11,8 @@ import trio.testing
 import zmq
 
 import tskv
-from tskv._bench.processes import child, last_endpoint
-from tskv._bench.rounds import msgspec, round_makers, tokenspeed_types
+from benchmarks.processes import child, last_endpoint
+from benchmarks.rounds import msgspec, round_makers, tokenspeed_types
 from tskv.core import frames
 from tskv.core.codec import encode_round
 from tskv.core.endpoints import LOOPBACK

@@ -1,4 +1,4 @@
-"""`python -m tskv._bench` (`nox -s bench`, `tskv bench`): what a scheduler and a router
+"""`python -m benchmarks` (`nox -s bench`, `tskv bench`): what a scheduler and a router
 really pay.
 
 Every figure is set beside references measured in the same run, on the loop users really run:
@@ -29,12 +29,12 @@ import time
 import zmq
 
 import tskv
-from tskv._bench.latency import latency_section, shutdown_section
-from tskv._bench.memory import memory_section
-from tskv._bench.report import child_figures, measure, report
-from tskv._bench.rounds import msgspec
-from tskv._bench.routing import routing_section
-from tskv._bench.snapshots import snapshots_section
+from benchmarks.latency import latency_section, shutdown_section
+from benchmarks.memory import memory_section
+from benchmarks.report import child_figures, measure, report
+from benchmarks.rounds import msgspec
+from benchmarks.routing import routing_section
+from benchmarks.snapshots import snapshots_section
 
 SECTIONS = [
     "build",
@@ -52,7 +52,7 @@ SECTIONS = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tskv._bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (3)")
     parser.add_argument("--only", choices=SECTIONS, action="append", help="only these sections")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for the child
@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     if "routing" in sections:
         routing_section(out)
     if "index" in sections:
-        from tskv._bench.index import index_section
+        from benchmarks.index import index_section
 
         index_section(out)
     if "fleet" in sections:
-        from tskv._bench.index import fleet_section
+        from benchmarks.index import fleet_section
 
         fleet_section(out)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")

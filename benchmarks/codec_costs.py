@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 import tskv
-from tskv._bench.rounds import SHAPES, msgspec, round_makers, tokenspeed_types
+from benchmarks.rounds import SHAPES, msgspec, round_makers, tokenspeed_types
 from tskv.core.codec import encode_round
 from tskv.core.events import KVEvent
 

@@ -15,10 +15,10 @@ import trio
 import trio.testing
 import zmq
 
-from tskv._bench.capacity import _trio_capacity
-from tskv._bench.codec_costs import _per_call
-from tskv._bench.processes import fmt, in_fresh_process
-from tskv._bench.rounds import (
+from benchmarks.capacity import _trio_capacity
+from benchmarks.codec_costs import _per_call
+from benchmarks.processes import fmt, in_fresh_process
+from benchmarks.rounds import (
     ROUNDS,
     SHAPES,
     Row,

@@ -11,18 +11,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tskv._bench.capacity import capacity
-from tskv._bench.codec_costs import build_encode_costs, decode_costs
-from tskv._bench.processes import fmt
-from tskv._bench.rounds import ROUNDS
-from tskv._bench.router import subscriber_rates
+from benchmarks.capacity import capacity
+from benchmarks.codec_costs import build_encode_costs, decode_costs
+from benchmarks.processes import fmt
+from benchmarks.rounds import ROUNDS
+from benchmarks.router import subscriber_rates
 
 
 def child_figures(sections: list[str]) -> dict[str, Any]:
     """The same sections measured without msgspec, in a process that never imports it."""
     env = {**os.environ, "TSKV_CODEC": "msgpack"}
     done = subprocess.run(
-        [sys.executable, "-m", "tskv._bench", "--json", *[f"--only={s}" for s in sections]],
+        [sys.executable, "-m", "benchmarks", "--json", *[f"--only={s}" for s in sections]],
         env=env,
         capture_output=True,
         text=True,

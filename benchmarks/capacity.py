@@ -17,9 +17,9 @@ import trio.testing
 import zmq
 
 import tskv
-from tskv._bench.processes import child, last_endpoint
-from tskv._bench.rounds import ROUNDS, SHAPES, Row, msgspec, round_makers
-from tskv._bench.router import _counting_subscriber
+from benchmarks.processes import child, last_endpoint
+from benchmarks.rounds import ROUNDS, SHAPES, Row, msgspec, round_makers
+from benchmarks.router import _counting_subscriber
 from tskv.core import frames
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK

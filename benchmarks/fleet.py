@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import trio
 import zmq
 
-from tskv._bench.processes import child, percentile, rss, zmq_io_seconds
-from tskv._bench.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
+from benchmarks.processes import child, percentile, rss, zmq_io_seconds
+from benchmarks.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
 from tskv.core.prefix_index import PrefixIndex

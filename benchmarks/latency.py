@@ -12,8 +12,8 @@ import trio.testing
 import zmq
 
 import tskv
-from tskv._bench.processes import child, fmt, percentile
-from tskv._bench.rounds import round_makers
+from benchmarks.processes import child, fmt, percentile
+from benchmarks.rounds import round_makers
 from tskv.core import frames
 from tskv.core.codec import encode_round
 from tskv.core.config import KVEventsConfig

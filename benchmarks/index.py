@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tskv._bench.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
-from tskv._bench.processes import in_fresh_process, percentile
-from tskv._bench.rounds import BLOCK
+from benchmarks.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
+from benchmarks.processes import in_fresh_process, percentile
+from benchmarks.rounds import BLOCK
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
 from tskv.core.prefix_index import PrefixIndex
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tskv._bench.processes import percentile
+from benchmarks.processes import percentile
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.routing import LoadAwarePolicy
 from tskv.sim.trace import TraceRequest, read_trace

@@ -11,8 +11,8 @@ import trio
 import trio.testing
 import zmq
 
-from tskv._bench.processes import fmt, in_fresh_process, rss
-from tskv._bench.rounds import round_makers
+from benchmarks.processes import fmt, in_fresh_process, rss
+from benchmarks.rounds import round_makers
 from tskv.core import frames
 from tskv.core.codec import encode_round
 from tskv.core.config import KVEventsConfig
