@@ -13,6 +13,7 @@ from tskv.core.events import (
     MMKey,
     UnknownEvent,
 )
+from tskv.core.groups import CacheGroup
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import Match, PrefixIndex
 from tskv.core.replay_server import ReplayStatistics
@@ -50,6 +51,7 @@ __all__ = [
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
+    "CacheGroup",
     "Choice",
     "ConfigError",
     "EndpointError",

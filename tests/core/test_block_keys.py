@@ -44,8 +44,8 @@ def test_keys_made_in_a_process_with_another_hash_seed_match_here() -> None:
         out = subprocess.run(
             [sys.executable, "-c", KEYED_ELSEWHERE], env=env, capture_output=True, check=True
         ).stdout
-        changes, strings = msgpack.unpackb(out)
-        mirror.apply_changes(seed, changes, strings=strings)
+        (runs, ops), strings = msgpack.unpackb(out)
+        mirror.apply_changes(seed, runs, ops, strings=strings)
     here = PrefixIndex(2)
     here.apply("w", events())
     lora = {"lora_name": "adapter", "cache_salt": "tenant"}

@@ -351,8 +351,8 @@ def test_well_formed_msgpack_of_any_shape_is_a_batch_or_wire_error(value: Any) -
 
 
 async def test_a_subscriber_with_vllm_shaped_structs_reads_a_live_vllm_wire_stream() -> None:
-    """A consumer written as vLLM's current one is (map events tagged "type", decoded with
-    msgspec into Structs whose fields are vLLM's), reading tskv's stream on the vLLM wire."""
+    """A consumer written as vLLM 0.33's is (map events tagged "type", decoded with msgspec
+    into Structs whose fields are vLLM's), reading tskv's stream on the vLLM wire."""
     import msgspec
     import trio
 
@@ -373,6 +373,9 @@ async def test_a_subscriber_with_vllm_shaped_structs_reads_a_live_vllm_wire_stre
             ("kv_cache_spec_kind", str | None, None),
             ("kv_cache_spec_sliding_window", int | None, None),
             ("locality", str | None, None),
+            ("ownership", str | None, None),
+            ("session_id", str | None, None),
+            ("lookahead_token_ids", list[list[int]] | None, None),
         ],
         tag="BlockStored",
         tag_field="type",
@@ -384,6 +387,7 @@ async def test_a_subscriber_with_vllm_shaped_structs_reads_a_live_vllm_wire_stre
             ("medium", str | None),
             ("group_idx", int | None, None),
             ("locality", str | None, None),
+            ("ownership", str | None, None),
         ],
         tag="BlockRemoved",
         tag_field="type",
@@ -427,7 +431,7 @@ def event_fields_with_defaults(event: tskv.KVEvent) -> dict[str, Any]:
     return {name: getattr(event, name) for name in FIELDS[type(event)] if name not in NOT_VLLM}
 
 
-NOT_VLLM = ("mm_keys", "cache_salt", "session_id")  # TensorRT-LLM's and SGLang's additions
+NOT_VLLM = ("mm_keys", "cache_salt")  # TensorRT-LLM's and SGLang's additions
 
 
 # The TokenSpeed encoder's hot loop names the optional fields by hand (a comprehension that
@@ -445,6 +449,8 @@ SAMPLE_VALUES: dict[str, Any] = {
     "mm_keys": [[tskv.MMKey(7, 0)]],
     "cache_salt": "tenant",
     "session_id": "s-1",
+    "ownership": "cpu-offload",
+    "lookahead_token_ids": [[16, 17]],
 }
 
 

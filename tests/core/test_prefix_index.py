@@ -137,8 +137,8 @@ def test_every_answer_equals_the_brute_force_oracle(
         else:
             source.apply(worker, KVEventBatch(0.0, events))
             if mirrored:
-                sent = msgpack.unpackb(msgpack.packb(source.take_changes(worker)))
-                index.apply_changes(worker, sent, strings=source.seen_strings)
+                runs, ops = msgpack.unpackb(msgpack.packb(source.take_changes(worker)))
+                index.apply_changes(worker, runs, ops, strings=source.seen_strings)
             oracle.apply(worker, events)
         for query in asked:
             tokens, salt, mm = query

@@ -42,6 +42,11 @@ losses = st.builds(
     Loss, seqs, st.none() | seqs, st.sampled_from(list(LossReason)), st.none() | seqs
 )
 keys = st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5), max_size=4)
+tier_ops = st.lists(
+    st.tuples(st.none() | names, st.none() | st.integers(0, 3), st.sampled_from([1, -1]), keys)
+    | st.just(("clear",)),
+    max_size=3,
+)
 reports = st.builds(
     Report,
     st.integers(0, 10**6),
@@ -50,6 +55,8 @@ reports = st.builds(
     st.booleans(),
     st.lists(losses, max_size=3),
     st.none() | st.tuples(names, st.floats(0, 100)),
+    tier_ops,
+    st.integers(0, 64),
 )
 items = st.one_of(
     reports,
@@ -100,6 +107,8 @@ def report_with(**fields: object) -> list[object]:
         "strings": False,
         "losses": [],
         "failure": None,
+        "ops": [],
+        "lookahead": 0,
     }
     return ["report", *{**plain, **fields}.values()]
 

@@ -1,11 +1,14 @@
 """A block's content key: what the prefix index files a block under, no I/O.
 
 A block's key is Python's hash of its parent's key and its content: its token ids (with its
-identity beside the tokens, when it has one: its extra keys and multimodal items). At the
-root, the LoRA name and the cache salt (SGLang's and vLLM's per-tenant namespace). Everything
-that makes a block's identity in its engine is in its key, so one tenant's query never matches
-another tenant's salted blocks, whatever hashing scheme the engine uses (TokenSpeed's FNV,
-vLLM's SHA-256 or xxHash, the simulator's).
+identity beside the tokens, when it has one: its extra keys, its multimodal items, and with
+vLLM's lookahead hashing the tokens after it that its hash covers). At the root, the LoRA name
+and the cache salt (SGLang's and vLLM's per-tenant namespace). Everything that makes a block's
+identity in its engine is in its key, so one tenant's query never matches another tenant's
+salted blocks, whatever hashing scheme the engine uses (TokenSpeed's FNV, vLLM's SHA-256 or
+xxHash, the simulator's). `chain` is the one place the key of a block is made from its
+parent's; the index's match walk writes the same formula inline (a call a block costs more
+than the rest of the step), and `tests/core/test_block_keys.py` holds the two equal.
 
 A key is the same in every process: a watcher's reader processes key the blocks and the
 router's process matches against them. Ints and tuples of ints hash alike in any interpreter of
@@ -72,25 +75,43 @@ def int_tokens(tokens: Sequence[Any]) -> tuple[Sequence[int], bool]:
 
 
 def block_identity(
-    extra_keys: Sequence[Any] | None, mm_keys: Sequence[Sequence[MMKey]] | None, index: int
+    extra_keys: Sequence[Any] | None,
+    mm_keys: Sequence[Sequence[MMKey]] | None,
+    index: int,
+    lookahead: Sequence[Any] | None = None,
 ) -> Identity:
-    """What, beside its tokens, makes block `index` what it is: its extra keys and its
-    multimodal items (content hash and offset; the uuid only names the item). None when it
-    has neither, so such a block's key is the plain one."""
+    """What, beside its tokens, makes block `index` what it is: its extra keys, its multimodal
+    items (content hash and offset; the uuid only names the item) and the lookahead tokens its
+    hash covers (`lookahead`: this block's). None when it has none of them, so such a block's
+    key is the plain one."""
     extra = extra_keys[index] if extra_keys is not None and index < len(extra_keys) else None
     items = mm_keys[index] if mm_keys is not None and index < len(mm_keys) else None
-    if not items:
+    media = None if not items else tuple((stable(i.hash), i.start_offset) for i in items)
+    if lookahead is not None:
+        return (stable(extra), media, ("lookahead", stable(lookahead)))
+    if media is None:
         return None if extra is None else stable(extra)
-    return (stable(extra), tuple((stable(item.hash), item.start_offset) for item in items))
+    return (stable(extra), media)
 
 
 def identities(
-    extra_keys: Sequence[Any] | None, mm_keys: Sequence[Sequence[MMKey]] | None, count: int
+    extra_keys: Sequence[Any] | None,
+    mm_keys: Sequence[Sequence[MMKey]] | None,
+    count: int,
+    lookahead: Sequence[Sequence[Any]] | None = None,
 ) -> list[Identity] | None:
     """Each of `count` blocks' identity, or None when no block has one (the usual event)."""
-    if extra_keys is None and mm_keys is None:
+    if extra_keys is None and mm_keys is None and lookahead is None:
         return None
-    found = [block_identity(extra_keys, mm_keys, index) for index in range(count)]
+    found = [
+        block_identity(
+            extra_keys,
+            mm_keys,
+            index,
+            None if lookahead is None or index >= len(lookahead) else lookahead[index],
+        )
+        for index in range(count)
+    ]
     return None if all(identity is None for identity in found) else found
 
 

@@ -30,6 +30,7 @@ from tskv.core.events import (
     OPTIONAL_FIELDS,
     POSITIONAL_OPTIONAL,
     REMOVED_OPTIONAL,
+    REMOVED_POSITIONAL,
     REQUIRED,
     STORED_OPTIONAL,
     AllBlocksCleared,
@@ -101,15 +102,18 @@ def tokenspeed_events(events: Iterable[KVEvent], dropped: DroppedFields) -> list
         and event.kv_cache_spec_kind is None
         and event.kv_cache_spec_sliding_window is None
         and event.locality is None
+        and event.ownership is None
         and event.mm_keys is None
         and event.cache_salt is None
         and event.session_id is None
+        and event.lookahead_token_ids is None
         and event.unknown_fields is NO_FIELDS  # identity: a mapping's len costs more
         else (_REMOVED, event.block_hashes)
         if type(event) is BlockRemoved
         and event.medium is None
         and event.group_idx is None
         and event.locality is None
+        and event.ownership is None
         and event.unknown_fields is NO_FIELDS
         else _tokenspeed_event(event, dropped, events)
         for event in events
@@ -398,7 +402,7 @@ _NAMES = {kind.__name__: (REQUIRED[kind], OPTIONAL_FIELDS[kind]) for kind in KNO
 _KNOWN_KEYS = {
     tag: frozenset(("type", *required, *optional)) for tag, (required, optional) in _NAMES.items()
 }
-_POSITIONAL = {"BlockStored": POSITIONAL_OPTIONAL, "BlockRemoved": REMOVED_OPTIONAL}
+_POSITIONAL = {"BlockStored": POSITIONAL_OPTIONAL, "BlockRemoved": REMOVED_POSITIONAL}
 _TYPES = {kind.__name__: kind for kind in KNOWN_EVENT_TYPES}
 
 

@@ -113,9 +113,11 @@ class MMKey:
 
 
 _UNPOSITIONAL = {
+    "ownership": _NotPositional | None,
     "mm_keys": _NotPositional | None,
     "cache_salt": _NotPositional | None,
     "session_id": _NotPositional | None,
+    "lookahead_token_ids": _NotPositional | None,
     "unknown_fields": _NotPositional,
 }
 
@@ -124,12 +126,16 @@ _UNPOSITIONAL = {
 class BlockStored:
     """Blocks newly cached, in chain order; `parent_block_hash` is the block before the first.
 
-    `token_ids` need not fill `len(block_hashes) * block_size`: schedulers emit per-page events.
-    A token id may be a string (TensorRT-LLM's placeholder for a multimodal item). The fields
-    after `block_size` are optional (unset is None): vLLM's, in its order (the storage tier,
-    LoRA, per-block extra keys, the KV cache group of hybrid models, locality), then
-    TensorRT-LLM's per-block multimodal keys and SGLang's cache salt (a tenant's namespace: the
-    same tokens under two salts are two blocks) and session id. `unknown_fields` holds, read
+    `token_ids` need not fill `len(block_hashes) * block_size`: schedulers emit per-page events,
+    and vLLM 0.33 leaves out of `block_hashes` the blocks a group does not keep (a sliding
+    window's, a Mamba group's) while `token_ids` covers every block from the first new one to
+    the last. A token id may be a string (TensorRT-LLM's placeholder for a multimodal item). The
+    fields after `block_size` are optional (unset is None): vLLM's, in its order (the storage
+    tier, LoRA, per-block extra keys, the KV cache group of hybrid models with its kind and
+    window, locality, the offloading tier that stored it), then TensorRT-LLM's per-block
+    multimodal keys and SGLang's cache salt (a tenant's namespace: the same tokens under two
+    salts are two blocks), the session that stored it (both send it), and vLLM's lookahead
+    tokens (per block, the tokens after it that its hash covers). `unknown_fields` holds, read
     only, whatever else a publisher sent. Only the vLLM wire carries these
     (`KVEventsConfig.wire_format`).
     """
@@ -146,20 +152,24 @@ class BlockStored:
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
     locality: str | None = None
+    ownership: str | None = None
     mm_keys: Sequence[Sequence[MMKey]] | None = None
     cache_salt: str | None = None
     session_id: str | None = None
+    lookahead_token_ids: Sequence[Sequence[Token]] | None = None
     unknown_fields: Mapping[str, Any] = NO_FIELDS
 
 
 @_record(tag=True, decode_as=_UNPOSITIONAL)
 class BlockRemoved:
-    """Blocks evicted from the cache (optionally: from which tier, group and locality)."""
+    """Blocks evicted from the cache (optionally: from which tier, group, locality and
+    offloading tier)."""
 
     block_hashes: Sequence[int]
     medium: str | None = None
     group_idx: Index | None = None
     locality: str | None = None
+    ownership: str | None = None
     unknown_fields: Mapping[str, Any] = NO_FIELDS
 
 
@@ -194,14 +204,18 @@ STORED_OPTIONAL = (
     "kv_cache_spec_kind",
     "kv_cache_spec_sliding_window",
     "locality",
+    "ownership",
     "mm_keys",
     "cache_salt",
     "session_id",
+    "lookahead_token_ids",
 )
 POSITIONAL_OPTIONAL = STORED_OPTIONAL[:8]
-REMOVED_OPTIONAL = ("medium", "group_idx", "locality")
+REMOVED_OPTIONAL = ("medium", "group_idx", "locality", "ownership")
+REMOVED_POSITIONAL = REMOVED_OPTIONAL[:3]  # what positional generations carried after the hashes
 ALWAYS_SENT = ("lora_id", "medium", "lora_name")  # vLLM's maps carry these even when nil
-PER_BLOCK = ("extra_keys", "mm_keys")  # one entry per block: they go with the blocks they name
+# One entry per stored block (per hash, not per token block): they go with the blocks they name.
+PER_BLOCK = ("extra_keys", "mm_keys", "lookahead_token_ids")
 REQUIRED: dict[type, tuple[str, ...]] = {
     BlockStored: ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
     BlockRemoved: ("block_hashes",),
@@ -360,8 +374,14 @@ def check_event(where: str, event: object) -> None:
         _mm_keys(f"{where}.mm_keys", event.mm_keys)
         _optional(f"{where}.cache_salt", event.cache_salt, str)
         _optional(f"{where}.session_id", event.session_id, str)
+        _optional(f"{where}.ownership", event.ownership, str)
+        lookahead = event.lookahead_token_ids
+        _optional(f"{where}.lookahead_token_ids", lookahead, (list, tuple))
+        for index, tokens in enumerate(lookahead or ()):
+            _ints(f"{where}.lookahead_token_ids[{index}]", tokens, TOKEN_MIN, TOKEN_LIMIT)
     elif isinstance(event, BlockRemoved):
         _ints(f"{where}.block_hashes", event.block_hashes, HASH_MIN, HASH_LIMIT)
+        _optional(f"{where}.ownership", event.ownership, str)
     elif isinstance(event, UnknownEvent):
         if not isinstance(event.type, str):
             raise TskvTypeError(

@@ -1,37 +1,28 @@
 """What each worker holds, by content key: the index's state, no I/O.
 
 Every block a worker holds is in its view (the engine's hash, with its tier, to its key), and
-each key has a bit mask of the workers holding it. Storing and removing keep the two in step;
-a run of consecutive BlockStored events, the usual batch, costs a few dict operations for all
-of its blocks together. A worker holding one key in two tiers (or twice in one) holds it until
-its last copy goes.
+each key has a bit mask of the workers holding it; `filing` keeps the two in step as events
+arrive. A worker holding one key in two tiers (or twice in one) holds it until its last copy
+goes. The journal of holds taken and let go of is what a reader process sends the index's
+process, which mirrors it (`apply_changes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
-from tskv.core.block_keys import chain, root_key
 from tskv.core.events import BlockStored
+from tskv.core.groups import CacheGroup
+from tskv.core.hybrid import HybridView, Op, flat
 from tskv.core.predictions import Predictions
-from tskv.core.tiers import UNTIERED, Tier, tier_of
+from tskv.core.tiers import BlockId, Tier
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
-_ABSENT = -1  # hash() never returns -1, so no key is ever this
-# The engine's hash; with its tier when the event names one (a block is held once per tier)
-BlockId = int | tuple[str | None, int | None, int]
+ABSENT = -1  # hash() never returns -1, so no key is ever this
 Stored = tuple[BlockStored, list[Any]]  # an event, and its blocks' `block_keys.contents`
-
-
-def block_id(tier: Tier, block: int) -> BlockId:
-    return block if tier is UNTIERED else (*tier, block)
-
-
-def block_ids(tier: Tier, hashes: Sequence[int]) -> Sequence[BlockId]:
-    return hashes if tier is UNTIERED else [(*tier, block) for block in hashes]
 
 
 class _Bits:
@@ -74,19 +65,39 @@ class _Bits:
         return workers
 
 
-class _WorkerView:
-    __slots__ = ("bit", "blocks", "extra_refs", "mirrored")
+class WorkerBlocks:
+    __slots__ = (
+        "bit",
+        "blocks",
+        "copies",
+        "extra_refs",
+        "first",
+        "hybrid",
+        "lookahead",
+        "mirrored",
+        "tier",
+    )
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
         self.mirrored = False  # its blocks are kept elsewhere: only its holds come here
-        self.blocks: dict[BlockId, int | None] = {}  # engine hash (and tier) -> key
+        self.tier: Tier | None = None  # the one tier its blocks are in, while it is plain
+        self.first: tuple[int, CacheGroup] | None = None  # that tier's group, when named
+        self.hybrid: HybridView | None = None  # its groups and tiers, once it needs them
+        self.lookahead = 0  # tokens after a block its engine's hash covers (vLLM's lookahead)
+        # engine hash (and tier) -> key; a hybrid worker's larger blocks: their keys
+        self.blocks: dict[BlockId, Any] = {}
+        # a block's copies in its tier beyond the first: an event that names its group keeps
+        # one per store (vLLM stores a block again when another group cut a hit short)
+        self.copies: dict[BlockId, int] = {}
         # key -> how many more of this worker's blocks have it, beyond the first (rare: a block
         # in two tiers). The worker's bit in the key's mask stands for the first.
         self.extra_refs: dict[int, int] = {}
 
 
-def _note(journal: dict[int, list[list[int]]], bit: int, let_go: int, keys: Sequence[int]) -> None:
+def note_run(
+    journal: dict[int, list[list[int]]], bit: int, let_go: int, keys: Sequence[int]
+) -> None:
     """Add to the worker's runs of holds taken (0) or let go of (1)."""
     runs = journal.setdefault(bit, [])
     if runs and (len(runs) - 1) % 2 == let_go:
@@ -103,124 +114,32 @@ class Holdings:
     def __init__(self, block_size: int, predictions: Predictions) -> None:
         self.block_size = block_size
         self.holders: dict[int, int] = {}  # key -> bit mask of the workers holding it
-        self.views: dict[Worker, _WorkerView] = {}
+        self.views: dict[Worker, WorkerBlocks] = {}
         self.bits = _Bits()
-        self.orphans = 0  # blocks stored under a parent never seen: not matchable
-        self.mismatched = 0  # BlockStored events of another block size than the index's
-        self._predictions = predictions  # a real block replaces its prediction
+        self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridView
+        self.predictions = predictions  # a real block replaces its prediction
         # bit -> the worker's holds taken and let go of since last asked, in order: runs of
         # keys, taken, let go of, taken... (a reader process sends them on: `take_changes`)
         self.journal: dict[int, list[list[int]]] | None = None
 
-    def view(self, worker: Worker) -> _WorkerView:
+    def view(self, worker: Worker) -> WorkerBlocks:
         view = self.views.get(worker)
         if view is None:
-            view = self.views[worker] = _WorkerView(self.bits.take(worker))
+            view = self.views[worker] = WorkerBlocks(self.bits.take(worker))
         return view
 
-    def store_run(self, view: _WorkerView, run: list[Stored]) -> None:
-        """Store consecutive BlockStored events, and empty `run`. The usual run (every block new
-        to the worker, each once) costs a few dict operations for all of its blocks together;
-        any other is stored one event at a time."""
-        if not run:
-            return
-        if len(run) == 1 and len(run[0][0].block_hashes) <= FEW_BLOCKS:  # block by block: less
-            self.store(view, *run[0])
-            run.clear()
-            return
-        blocks = view.blocks
-        ids: list[BlockId] = []  # the run's blocks, in order, and their keys
-        keys: list[int | None] = []
-        mismatched = 0
-        for event, contents in run:
-            mismatched += event.block_size != self.block_size
-            tier = tier_of(event)
-            parent = event.parent_block_hash
-            if parent is not None and ids and block_id(tier, parent) == ids[-1]:
-                key = keys[-1]  # the event before ends where this one starts
-            else:  # if the run stores its parent again, the run goes slowly below
-                key = self._first_key(event, tier, blocks, ids, keys)
-            keys.extend(chain(key, contents))
-            ids.extend(block_ids(tier, event.block_hashes))
-        if blocks.keys().isdisjoint(ids):
-            before = len(blocks)
-            blocks.update(zip(ids, keys, strict=True))
-            if len(blocks) == before + len(ids):
-                orphans = keys.count(None)
-                self.orphans += orphans
-                self.mismatched += mismatched
-                held = [key for key in keys if key is not None] if orphans else keys
-                self.hold(view, cast("list[int]", held))
-                run.clear()
-                return
-            for each in ids:  # a block twice in the run: none of them was here before
-                blocks.pop(each, None)
-        for stored, found in run:
-            self.store(view, stored, found)
-        run.clear()
-
-    @staticmethod
-    def _first_key(
-        event: BlockStored,
-        tier: Tier,
-        blocks: dict[BlockId, int | None],
-        ids: Sequence[BlockId] = (),
-        keys: Sequence[int | None] = (),
-    ) -> int | None:
-        """The key a stored event's first block hangs from: the root of its LoRA and salt, or
-        its parent's key, held already or stored earlier in the run (`ids`, `keys`); None for
-        a parent never seen (its blocks are orphans: no query reaches them)."""
-        parent = event.parent_block_hash
-        if parent is None:
-            return root_key(event.lora_name, event.cache_salt)
-        parent_id = block_id(tier, parent)
-        if parent_id in blocks:
-            return blocks[parent_id]
-        if parent_id in ids:
-            return keys[len(ids) - 1 - ids[::-1].index(parent_id)]
-        return None
-
-    def store(self, view: _WorkerView, event: BlockStored, contents: Sequence[Any]) -> None:
-        if event.block_size != self.block_size:
-            self.mismatched += 1  # its tokens cut into other blocks than queries do
-        blocks = view.blocks
-        tier = tier_of(event)
-        keys = chain(self._first_key(event, tier, blocks), contents)
-        if keys and keys[-1] is None:
-            self.orphans += keys.count(None)
-        holders, bit, extra_refs = self.holders, view.bit, view.extra_refs
-        predicted, journal = self._predictions.masks, self.journal
-        for each, key in zip(block_ids(tier, event.block_hashes), keys, strict=True):
-            old = blocks.get(each, _ABSENT)
-            if old != _ABSENT:
-                if old == key:
-                    continue  # stored again: nothing changes
-                self.release(view, (old,))
-            blocks[each] = key
-            if key is None:
-                continue
-            if predicted and key in predicted:  # the prediction came true
-                self._predictions.drop(bit, key)
-            mask = holders.get(key, 0)
-            if mask & bit:
-                extra_refs[key] = extra_refs.get(key, 0) + 1
-            else:
-                holders[key] = mask | bit
-                if journal is not None:  # in order with what `release` notes
-                    _note(journal, bit, 0, (key,))
-
-    def hold(self, view: _WorkerView, keys: Sequence[int]) -> None:
+    def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
         """The worker holds each key (once more, if it held it already)."""
-        holders, bit, predicted = self.holders, view.bit, self._predictions.masks
+        holders, bit, predicted = self.holders, view.bit, self.predictions.masks
         if predicted and not predicted.keys().isdisjoint(keys):
             for key in keys:
                 if key in predicted:  # the prediction came true
-                    self._predictions.drop(bit, key)
+                    self.predictions.drop(bit, key)
         new = dict.fromkeys(keys, bit)
         if len(new) == len(keys) and holders.keys().isdisjoint(new):
             holders.update(new)  # content no worker held: the usual block
-            if self.journal is not None:
-                _note(self.journal, bit, 0, keys)
+            if self.journal is not None and view.hybrid is None:
+                note_run(self.journal, bit, 0, keys)
             return
         if view.mirrored:  # its reader sends only holds taken: none is held already
             get = holders.get
@@ -236,19 +155,19 @@ class Holdings:
             else:
                 holders[key] = mask | bit
                 taken.append(key)
-        if self.journal is not None:
-            _note(self.journal, bit, 0, taken)
+        if self.journal is not None and view.hybrid is None:  # a hybrid's: in its ops
+            note_run(self.journal, bit, 0, taken)
 
-    def release(self, view: _WorkerView, keys: Iterable[int | None]) -> None:
-        """Let go of the worker's hold on each key (None, or _ABSENT: it held nothing)."""
+    def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
+        """Let go of the worker's hold on each key (None, or ABSENT: it held nothing)."""
         holders, extra, keep = self.holders, view.extra_refs, ~view.bit
-        predicted = self._predictions.masks
+        predicted = self.predictions.masks
         let_go: list[int] = []
         for key in keys:
-            if key is None or key == _ABSENT:
+            if key is None or key == ABSENT:
                 continue
             if predicted and key in predicted:  # removed: no prediction of it holds either
-                self._predictions.drop(view.bit, key)
+                self.predictions.drop(view.bit, key)
             if extra and key in extra:  # another of this worker's blocks still has it
                 if extra[key] > 1:
                     extra[key] -= 1
@@ -261,13 +180,18 @@ class Holdings:
             else:
                 del holders[key]
             let_go.append(key)
-        if self.journal is not None:
-            _note(self.journal, view.bit, 1, let_go)
+        if self.journal is not None and view.hybrid is None:
+            note_run(self.journal, view.bit, 1, let_go)
 
-    def take_changes(self, view: _WorkerView) -> list[list[int]]:
-        return [] if self.journal is None else self.journal.pop(view.bit, [])
+    def take_changes(self, view: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
+        """The worker's holds taken and let go of since last asked, as runs, and a hybrid
+        worker's tier changes (`HybridView.take_ops`)."""
+        runs = [] if self.journal is None else self.journal.pop(view.bit, [])
+        return runs, [] if view.hybrid is None else view.hybrid.take_ops()
 
-    def apply_changes(self, view: _WorkerView, runs: Sequence[Sequence[int]]) -> None:
+    def apply_changes(
+        self, worker: Worker, view: WorkerBlocks, runs: Sequence[Sequence[int]], ops: Sequence[Op]
+    ) -> None:
         """Take and let go of holds as `take_changes` gave them, for a worker whose blocks are
         kept elsewhere."""
         view.mirrored = True
@@ -276,24 +200,31 @@ class Holdings:
                 self.release(view, keys)
             else:
                 self.hold(view, keys)
+        if ops:
+            if view.hybrid is None:
+                view.hybrid = HybridView(self.block_size)
+                self.hybrids[worker] = view
+            taken, let_go = view.hybrid.mirror(ops)
+            self.release(view, let_go)
+            self.hold(view, taken)
 
-    def remove(self, view: _WorkerView, tier: Tier, hashes: Sequence[int]) -> None:
-        """Let go of the worker's blocks `hashes` in `tier`; its copies in other tiers stay."""
-        pop = view.blocks.pop
-        self.release(view, [pop(each, _ABSENT) for each in block_ids(tier, hashes)])
-
-    def clear(self, *views: _WorkerView) -> None:
+    def clear(self, *views: WorkerBlocks) -> None:
         """Forget what the workers hold. Which keys mirrored workers hold is known elsewhere,
         so for those every key is looked at, once for all of them."""
         mirrored = 0
         for view in views:
-            self._predictions.forget(view.bit)
+            self.predictions.forget(view.bit)
             if view.mirrored:
                 mirrored |= view.bit
+                if view.hybrid is not None:
+                    view.hybrid.tiers.clear()
                 continue
             view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
-            self.release(view, set(view.blocks.values()))
+            self.release(view, set(flat(view.blocks.values())))
             view.blocks.clear()
+            view.copies.clear()
+            if view.hybrid is not None:
+                view.hybrid.clear()
         if not mirrored:
             return
         holders, keep = self.holders, ~mirrored
@@ -309,6 +240,7 @@ class Holdings:
         view = self.views.pop(worker, None)
         if view is None:
             return None
+        self.hybrids.pop(worker, None)
         self.clear(view)
         if self.journal is not None:
             self.journal.pop(view.bit, None)  # whoever asks for its changes has let it go

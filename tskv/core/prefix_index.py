@@ -15,7 +15,7 @@ with odds of about n²/2⁶⁴ for n cached blocks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,41 +32,48 @@ from tskv.core.block_keys import (
 )
 from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
 from tskv.core.events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
     KVEvent,
     KVEventBatch,
     MMKey,
-    UnknownEvent,
-    not_an_event,
 )
-from tskv.core.holdings import Holdings, Stored
+from tskv.core.filing import Filing
+from tskv.core.groups import CacheGroup, checked_groups
+from tskv.core.holdings import Holdings
 from tskv.core.holdings import Worker as Worker  # the index's users name it from here
+from tskv.core.hybrid import Op
 from tskv.core.predictions import MAX_ENTRIES, Predictions
-from tskv.core.tiers import tier_of
 from tskv.core.worker_view import Changes, ViewChange, WorkerView
 
 MAX_PREDICTED = MAX_ENTRIES
 
 
 class Match(dict[Worker, int]):
-    """What `PrefixIndex.match` answers: worker -> how many leading blocks of the request it
-    holds (workers that hold none are absent); `stale`: the workers whose view is known to be
-    incomplete right now, whose counts a router should not trust; `predicted`: for workers whose
-    count includes blocks only predicted (`PrefixIndex.predict`), how many of them are."""
+    """What `PrefixIndex.match` answers: worker -> how many leading blocks of the request its
+    engine would reuse (workers that hold none are absent); `stale`: the workers whose view is
+    known to be incomplete right now, whose counts a router should not trust; `predicted`: for
+    workers whose count includes blocks only predicted (`PrefixIndex.predict`), how many of them
+    are; `lower`: for workers whose count includes blocks held only in lower tiers (CPU, disk:
+    loaded before they are reused), how many of them are; `block_size`: tokens a block."""
 
-    __slots__ = ("predicted", "stale")
+    __slots__ = ("block_size", "lower", "predicted", "stale")
 
     def __init__(
         self,
         counts: dict[Worker, int],
         stale: frozenset[Worker],
         predicted: dict[Worker, int] | None = None,
+        lower: dict[Worker, int] | None = None,
+        block_size: int | None = None,
     ) -> None:
         super().__init__(counts)
         self.stale = stale
         self.predicted = {} if predicted is None else predicted
+        self.lower = {} if lower is None else lower
+        self.block_size = block_size
+
+    def on_device(self, worker: Worker) -> int:
+        """How many of `worker`'s leading blocks its engine holds on the device itself."""
+        return self.get(worker, 0) - self.lower.get(worker, 0)
 
     def best(self, trusted_only: bool = True) -> tuple[Worker | None, int]:
         """The worker with the most leading blocks, and how many (None, 0 if none holds any)."""
@@ -86,20 +93,30 @@ def _leading_counts(
     mm_keys: Sequence[Sequence[MMKey]] | None,
     size: int,
     workers_of: Callable[[int], tuple[Worker, ...]],
+    lookahead: int = 0,
+    keys_out: list[int] | None = None,
 ) -> dict[Worker, int]:
-    """For each worker, how many leading full blocks of the request `holders` says it holds."""
+    """For each worker, how many leading full blocks of the request `holders` says it holds,
+    the blocks keyed with the `lookahead` tokens after each (a block without them all has no
+    key: the request's end); `keys_out` gets the keys walked, the first one nobody holds too.
+    The key is `block_keys.chain`'s, written inline."""
     counts: dict[Worker, int] = {}
     key = root_key(lora_name, cache_salt)
-    plain = extra_keys is None and mm_keys is None
+    plain = extra_keys is None and mm_keys is None and not lookahead
     active = -1  # every worker, until the first block says otherwise
-    blocks = len(token_ids) // size
+    blocks = max(0, (len(token_ids) - lookahead) // size)
     # Block by block: most queries stop after a few blocks, so the rest is never copied.
     for depth, chunk in enumerate(blocks_of(token_ids, size)):
         if plain:
             key = hash((key, chunk))
         else:
-            identity = block_identity(extra_keys, mm_keys, depth)
+            if depth >= blocks:
+                break  # the tokens after it that its key covers are not in the request
+            after = token_ids[(depth + 1) * size : (depth + 1) * size + lookahead]
+            identity = block_identity(extra_keys, mm_keys, depth, after if lookahead else None)
             key = hash((key, chunk if identity is None else (chunk, identity)))
+        if keys_out is not None:
+            keys_out.append(key)
         held = active & holders(key, 0)
         if held != active:  # some workers' prefixes end here
             if depth:
@@ -110,6 +127,73 @@ def _leading_counts(
     if blocks and active > 0:
         counts.update(dict.fromkeys(workers_of(active), blocks))
     return counts
+
+
+# A query: its token ids, LoRA name, extra keys, cache salt and multimodal keys; and how counts
+# are answered: the index's block size, and the workers of a mask.
+Request = tuple[
+    Sequence[int | str],
+    str | None,
+    Sequence[Any] | None,
+    str | None,
+    Sequence[Sequence[MMKey]] | None,
+]
+Answer = tuple[int, Callable[[int], tuple[Worker, ...]]]
+
+
+def _engine_answers(
+    holdings: Holdings,
+    lookaheads: set[int],
+    request: Request,
+    answer: Answer,
+) -> tuple[dict[Worker, int], dict[Worker, int]]:
+    """Each worker's count when some have hybrid groups, lower tiers or lookahead hashing: a
+    walk per lookahead size (a worker's blocks are keyed with its own), then each hybrid
+    worker's engine answer from its groups' holdings, within its leading run where a group
+    needs every block before a hit; and how many of each count only lower tiers hold."""
+    token_ids, size = request[0], answer[0]
+    keys_by: dict[int, list[int]] = {}
+    counts: dict[Worker, int] = {}
+    for lookahead in (0, *sorted(lookaheads)):
+        keys: list[int] = []
+        walked = _leading_counts(
+            holdings.holders.get, *request, *answer, lookahead=lookahead, keys_out=keys
+        )
+        keys_by[lookahead] = keys
+        for worker, count in walked.items():
+            counts[worker] = max(count, counts.get(worker, 0))
+    lower: dict[Worker, int] = {}
+    for worker, view in holdings.hybrids.items():
+        hybrid = view.hybrid
+        assert hybrid is not None
+        longest = max(0, (len(token_ids) - view.lookahead) // size)
+        if len(hybrid.groups.rules()) > 1:  # the engine computes a prompt's last token: vLLM's cap
+            longest = min(longest, (len(token_ids) - 1) // size)
+        reach = min(counts.get(worker, 0), longest) if hybrid.groups.prefix_closed() else longest
+        keys = keys_by.get(view.lookahead, [])
+        if len(keys) < reach:
+            keys = _request_keys(request, size, view.lookahead, reach)
+        every, device = hybrid.hit(keys, reach)
+        if every:
+            counts[worker] = every
+        else:
+            counts.pop(worker, None)
+        if every > device:
+            lower[worker] = every - device
+    return counts, lower
+
+
+def _request_keys(request: Request, size: int, lookahead: int, count: int) -> list[int]:
+    """The request's first `count` block keys (fewer, if it has fewer blocks)."""
+    token_ids, lora_name, extra_keys, cache_salt, mm_keys = request
+    count = min(count, max(0, (len(token_ids) - lookahead) // size))
+    lookaheads = None
+    if lookahead:
+        ends = [(depth + 1) * size for depth in range(count)]
+        lookaheads = [token_ids[end : end + lookahead] for end in ends]
+    idents = identities(extra_keys, mm_keys, count, lookaheads)
+    found, _ = contents(token_ids, idents, count, size)
+    return [key for key in chain(root_key(lora_name, cache_salt), found) if key is not None]
 
 
 def _either(
@@ -133,6 +217,8 @@ class IndexStatistics:
     orphans: int  # blocks stored under a parent this index never saw: not matchable
     mismatched: int  # BlockStored events whose block_size differs from the index's
     predicted: int  # (worker, block) predictions in force
+    unplaced: int = 0  # hashes of stores that skip blocks, found in no other group: not filed
+    unknown_groups: int = 0  # KV cache groups whose kind (or window) tskv does not know
 
 
 class PrefixIndex:
@@ -154,11 +240,13 @@ class PrefixIndex:
         self.block_size = block_size
         self._predictions = Predictions(clock, max_predicted)  # their time to live is `clock`'s
         self._holdings = Holdings(block_size, self._predictions)
+        self._filing = Filing(self._holdings)
         if record_changes:
             self._holdings.journal = {}
         self._views: dict[Worker, WorkerView] = {}  # each worker's trust, `worker_view`
         self._stale: set[Worker] = set()  # the workers whose view is stale, for answers
         self._strings = False  # a string token id was seen: queries' string ones are digested
+        self._lookaheads: set[int] = set()  # lookahead sizes some worker's hashes cover
 
     # -- the stream's side ------------------------------------------------------------------
 
@@ -167,43 +255,59 @@ class PrefixIndex:
         worker's view whole again (from there on the index knows its whole cache), unless a
         snapshot is being applied (`worker_view`)."""
         events = batch.events if isinstance(batch, KVEventBatch) else batch
-        size, holdings = self.block_size, self._holdings
-        view = holdings.view(worker)
-        stored: list[Stored] = []  # consecutive BlockStored, stored together
-        for event in events:
-            if isinstance(event, BlockStored):
-                count = len(event.block_hashes)
-                idents = None
-                if event.extra_keys is not None or event.mm_keys is not None:
-                    idents = identities(event.extra_keys, event.mm_keys, count)
-                found, strings = contents(event.token_ids, idents, count, size)
-                self._strings = self._strings or strings
-                stored.append((event, found))
-                continue
-            holdings.store_run(view, stored)
-            if isinstance(event, BlockRemoved):
-                holdings.remove(view, tier_of(event), event.block_hashes)
-            elif isinstance(event, AllBlocksCleared):
-                holdings.clear(view)
-                self.carry_out(worker, self.worker_view(worker).reset_applied())
-            elif not isinstance(event, UnknownEvent):  # an unknown event changes nothing known
-                raise not_an_event("PrefixIndex.apply: event", event)
-        holdings.store_run(view, stored)
+        filed = self._filing.apply(worker, events)
+        self._strings = self._strings or filed.strings
+        if filed.lookahead:
+            self._lookaheads.add(filed.lookahead)
+        if filed.cleared:
+            self.carry_out(worker, self.worker_view(worker).reset_applied())
 
-    def take_changes(self, worker: Worker) -> list[list[int]]:
-        """The keys `worker` came to hold and let go of since last asked, as runs (taken, let
-        go of, taken...), for another process's index to mirror with `apply_changes`; kept
-        only by an index made with `record_changes=True`."""
+    def set_groups(self, worker: Worker, groups: Mapping[int, CacheGroup]) -> None:
+        """Tell the index `worker`'s KV cache groups, by group index, for an engine whose
+        events do not say their kinds (or not their windows: chunked local attention's chunk
+        is never sent). What is told stands; what events say fills in the rest."""
+        checked = checked_groups(groups, self.block_size)
+        hybrid = self._filing.make_hybrid(worker, self._holdings.view(worker))
+        for index, group in checked.items():
+            hybrid.groups.set(index, group, told=True)
+
+    def lookahead(self, worker: Worker) -> int:
+        """How many tokens after each block `worker`'s engine hashes with it (0: none)."""
         view = self._holdings.views.get(worker)
-        return [] if view is None else self._holdings.take_changes(view)
+        return 0 if view is None else view.lookahead
+
+    def groups(self, worker: Worker) -> dict[int, CacheGroup]:
+        """The KV cache groups the index knows `worker` has, learned or told (none: a plain
+        worker, one group of full attention, or its events never named one)."""
+        view = self._holdings.views.get(worker)
+        return {} if view is None or view.hybrid is None else dict(view.hybrid.groups.groups)
+
+    def take_changes(self, worker: Worker) -> tuple[list[list[int]], list[Op]]:
+        """What `worker` came to hold and let go of since last asked, for another process's
+        index to mirror with `apply_changes`: the keys as runs (taken, let go of, taken...),
+        and a hybrid worker's changes by tier (`core/hybrid.py`). Kept only by an index made
+        with `record_changes=True`."""
+        view = self._holdings.views.get(worker)
+        return ([], []) if view is None else self._holdings.take_changes(view)
 
     def apply_changes(
-        self, worker: Worker, runs: Sequence[Sequence[int]], *, strings: bool = False
+        self,
+        worker: Worker,
+        runs: Sequence[Sequence[int]],
+        ops: Sequence[Op] = (),
+        *,
+        strings: bool = False,
+        lookahead: int = 0,
     ) -> None:
         """Mirror another index's `take_changes` for `worker`, whose blocks that index keeps
-        (a watcher's reader process); `strings`: that index has seen string token ids."""
+        (a watcher's reader process); `strings`: that index has seen string token ids;
+        `lookahead`: the worker's engine hashes that many tokens after each block."""
         self._strings = self._strings or strings
-        self._holdings.apply_changes(self._holdings.view(worker), runs)
+        view = self._holdings.view(worker)
+        view.lookahead = lookahead
+        if lookahead:
+            self._lookaheads.add(lookahead)
+        self._holdings.apply_changes(worker, view, runs, ops)
 
     def mark_stale(self, worker: Worker) -> None:
         """The worker's view is incomplete (a loss was reported) until `mark_current` or an
@@ -271,17 +375,24 @@ class PrefixIndex:
             )
         if self._strings:
             token_ids, _ = int_tokens(token_ids)
-        request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
-        answer = (self.block_size, self._holdings.bits.workers_of)
-        real = _leading_counts(self._holdings.holders.get, *request, *answer)
+        request: Request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
+        answer: Answer = (self.block_size, self._holdings.bits.workers_of)
+        size = self.block_size
+        lower: dict[Worker, int] = {}
+        if self._holdings.hybrids or self._lookaheads:
+            real, lower = _engine_answers(self._holdings, self._lookaheads, request, answer)
+        else:
+            real = _leading_counts(self._holdings.holders.get, *request, *answer)
         if self._predictions.masks:
             self._predictions.expire()
         if not self._predictions.masks:  # the usual case: one walk, on the real blocks only
-            return Match(real, frozenset(self._stale))
+            return Match(real, frozenset(self._stale), None, lower, size)
         either = _either(self._holdings.holders.get, self._predictions.masks.get)
-        counts = _leading_counts(either, *request, *answer)
+        counts = {**real}
+        for worker, count in _leading_counts(either, *request, *answer).items():
+            counts[worker] = max(count, real.get(worker, 0))
         predicted = {w: n - real.get(w, 0) for w, n in counts.items() if n > real.get(w, 0)}
-        return Match(counts, frozenset(self._stale), predicted)
+        return Match(counts, frozenset(self._stale), predicted, lower, size)
 
     def predict(
         self,
@@ -345,6 +456,12 @@ class PrefixIndex:
             stale=len(self._stale),
             predicted=len(self._predictions),
             blocks=len(self._holdings.holders),
-            orphans=self._holdings.orphans,
-            mismatched=self._holdings.mismatched,
+            orphans=self._filing.orphans,
+            mismatched=self._filing.mismatched,
+            unplaced=self._filing.unplaced,
+            unknown_groups=sum(
+                view.hybrid.groups.unknown
+                for view in self._holdings.hybrids.values()
+                if view.hybrid is not None
+            ),
         )

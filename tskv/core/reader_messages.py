@@ -21,6 +21,7 @@ import msgpack
 
 from tskv.core._msgspec import msgspec
 from tskv.core.errors import TskvError
+from tskv.core.hybrid import Op
 from tskv.core.losses import Loss, LossReason
 from tskv.core.worker_view import WorkerFigures
 
@@ -29,7 +30,10 @@ _LENGTH = struct.Struct("<I")
 if msgspec is not None:
     _pack, _unpack = msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder().decode
 else:
-    _pack, _unpack = msgpack.Packer().pack, msgpack.unpackb
+    _pack = msgpack.Packer().pack
+
+    def _unpack(data: bytes) -> Any:
+        return msgpack.unpackb(data, strict_map_key=False)  # a hybrid's groups are by index
 
 
 class ReaderMessageError(TskvError, ValueError):
@@ -62,8 +66,9 @@ class AskHashes:
 @attrs.frozen
 class Report:
     """A worker's state after some news: its figures, the holds its index took and let go of
-    since the last report (`PrefixIndex.take_changes`), whether that index has seen string
-    token ids, the losses for `on_loss`, and a failure to log (error, retry in seconds)."""
+    since the last report and a hybrid worker's changes by tier (`PrefixIndex.take_changes`),
+    whether that index has seen string token ids, the tokens after a block its engine's hashes
+    cover, the losses for `on_loss`, and a failure to log (error, retry in seconds)."""
 
     slot: int
     figures: WorkerFigures
@@ -71,6 +76,8 @@ class Report:
     strings: bool = False
     losses: list[Loss] = attrs.Factory(list)
     failure: tuple[str, float] | None = None
+    ops: list[Op] = attrs.Factory(list)
+    lookahead: int = 0
 
 
 @attrs.frozen
@@ -130,6 +137,8 @@ def _plain(message: Command | News | Report | LogLine | Hashes) -> tuple[Any, ..
             message.strings,
             losses,
             message.failure,
+            message.ops,
+            message.lookahead,
         )
     if isinstance(message, LogLine):
         return ("log", message.name, message.level, message.text)
@@ -182,7 +191,7 @@ _SHAPES = {
     "follow": 5,
     "unfollow": 2,
     "ask_hashes": 3,
-    "report": 7,
+    "report": 9,
     "log": 4,
     "hashes": 3,
     "news": 5,
@@ -206,7 +215,9 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
         _check(_int(value[1]) and _int(value[2]), "ask_hashes' numbers", value)
         return AskHashes(value[1], value[2])
     if kind == "report":
-        _, slot, figures, changes, strings, losses, failure = value
+        _, slot, figures, changes, strings, losses, failure, ops, lookahead = value
+        _check(isinstance(ops, list) and all(isinstance(op, list) for op in ops), "ops", ops)
+        _check(_int(lookahead) and lookahead >= 0, "report's lookahead", lookahead)
         _check(_int(slot) and isinstance(strings, bool), "report's slot and strings", value)
         _check(isinstance(losses, list), "report's losses", value)
         if failure is not None:
@@ -226,6 +237,8 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
             strings,
             [_loss_in(loss) for loss in losses],
             failure,
+            [tuple(op) for op in ops],
+            lookahead,
         )
     if kind == "log":
         _, name, level, text = value

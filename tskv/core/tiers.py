@@ -10,10 +10,14 @@ this one value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 Tier = tuple[str | None, int | None]  # (medium, group_idx); None where the event names neither
 UNTIERED: Tier = (None, None)  # an event that names no tier: TokenSpeed's wire, older engines
+# How a worker's view names one of its blocks: the engine's hash, with its tier when the event
+# names one (a block is held once per tier).
+BlockId = int | tuple[str | None, int | None, int]
 
 
 class Tiered(Protocol):
@@ -31,3 +35,11 @@ def tier_of(event: Tiered) -> Tier:
     if medium is None and group is None:
         return UNTIERED
     return (medium, group)
+
+
+def block_id(tier: Tier, block: int) -> BlockId:
+    return block if tier is UNTIERED or tier == UNTIERED else (*tier, block)
+
+
+def block_ids(tier: Tier, hashes: Sequence[int]) -> Sequence[BlockId]:
+    return hashes if tier is UNTIERED or tier == UNTIERED else [(*tier, block) for block in hashes]

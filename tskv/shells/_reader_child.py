@@ -116,9 +116,11 @@ class Outbox:
 
     def _report(self, slot: int) -> Report:
         entry = self._open.pop(slot)
-        changes = self._index.take_changes(slot)
-        strings = self._index.seen_strings
-        return Report(slot, entry.figures, changes, strings, entry.losses, entry.failure)
+        runs, ops = self._index.take_changes(slot)
+        strings, lookahead = self._index.seen_strings, self._index.lookahead(slot)
+        return Report(
+            slot, entry.figures, runs, strings, entry.losses, entry.failure, ops, lookahead
+        )
 
     def log(self, record: logging.LogRecord) -> None:
         if len(self._logs) < MAX_LOGS:

@@ -37,7 +37,9 @@ class ReaderMirror:
         if watched is None:
             return  # removed while this was on its way
         index = self.index
-        index.apply_changes(worker, report.changes, strings=report.strings)
+        index.apply_changes(
+            worker, report.changes, report.ops, strings=report.strings, lookahead=report.lookahead
+        )
         index.carry_out(worker, index.worker_view(worker).marked(report.figures.stale))
         earlier = self._earlier.get(worker)
         watched.update(report.figures if earlier is None else report.figures.plus(earlier))

@@ -1,0 +1,270 @@
+"""Filing a worker's events in the holdings: which key each stored block has, in which tier,
+and what a removal lets go of. No I/O.
+
+A run of consecutive BlockStored events, the usual batch, costs a few dict operations for all of
+its blocks together; anything else is filed one event at a time. A worker whose blocks need more
+than one full-attention tier (a hybrid model's groups, lower tiers, larger group blocks) gets a
+`HybridView` as soon as an event says so, and its events are filed there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+import attrs
+
+from tskv.core.block_keys import chain, contents, identities, root_key
+from tskv.core.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    UnknownEvent,
+    not_an_event,
+)
+from tskv.core.groups import FULL_KINDS, group_of
+from tskv.core.holdings import ABSENT, Holdings, Stored, Worker, WorkerBlocks, note_run
+from tskv.core.hybrid import HybridView, KeyRef, is_device, plain_tiers
+from tskv.core.tiers import BlockId, Tier, block_id, block_ids, tier_of
+
+FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
+
+
+@attrs.frozen
+class Filed:
+    """What filing a batch came across: a cache reset (the view's trust decides what it
+    means), string token ids, the lookahead the worker's engine hashes with."""
+
+    cleared: bool
+    strings: bool
+    lookahead: int
+
+
+class Filing:
+    """Files each worker's events in `holdings`, counting what it could not file."""
+
+    def __init__(self, holdings: Holdings) -> None:
+        self.holdings = holdings
+        self.orphans = 0  # blocks stored under a parent never seen: not matchable
+        self.mismatched = 0  # BlockStored events of another block size than the index's
+        self.unplaced = 0  # hashes of stores that skip blocks, found in no other group
+
+    def apply(self, worker: Worker, events: Iterable[KVEvent]) -> Filed:
+        """File one batch of `worker`'s events, in order."""
+        if type(events) is not list and type(events) is not tuple:
+            events = list(events)  # a generator, say: a hybrid worker's batch is read twice
+        holdings, size = self.holdings, self.holdings.block_size
+        view = holdings.view(worker)
+        stored: list[Stored] = []  # consecutive BlockStored, stored together
+        learned: dict[int, KeyRef] | None = None  # a hybrid batch's keys, once needed
+        cleared = strings = False
+        for event in events:
+            if isinstance(event, BlockStored):
+                if view.hybrid is not None or self.needs_hybrid(view, event):
+                    self.store_run(view, stored)
+                    hybrid = self.make_hybrid(worker, view)
+                    if learned is None:
+                        learned = hybrid.learn_batch(events)
+                    strings = self.store_hybrid(view, event, learned) or strings
+                    continue
+                count = len(event.block_hashes)
+                idents = None
+                lookahead = event.lookahead_token_ids
+                if event.extra_keys is not None or event.mm_keys is not None or lookahead:
+                    idents = identities(event.extra_keys, event.mm_keys, count, lookahead)
+                    if lookahead:
+                        view.lookahead = len(lookahead[0])
+                found, found_strings = contents(event.token_ids, idents, count, size)
+                strings = strings or found_strings
+                stored.append((event, found))
+                continue
+            self.store_run(view, stored)
+            if isinstance(event, BlockRemoved):
+                self.remove(view, event)
+            elif isinstance(event, AllBlocksCleared):
+                holdings.clear(view)
+                cleared = True
+            elif not isinstance(event, UnknownEvent):  # an unknown event changes nothing known
+                raise not_an_event("PrefixIndex.apply: event", event)
+        self.store_run(view, stored)
+        return Filed(cleared, strings, view.lookahead)
+
+    def store_run(self, view: WorkerBlocks, run: list[Stored]) -> None:
+        """Store consecutive BlockStored events, and empty `run`. The usual run (every block new
+        to the worker, each once) costs a few dict operations for all of its blocks together;
+        any other is stored one event at a time."""
+        if not run:
+            return
+        if len(run) == 1 and len(run[0][0].block_hashes) <= FEW_BLOCKS:  # block by block: less
+            self.store(view, *run[0])
+            run.clear()
+            return
+        blocks = view.blocks
+        ids: list[BlockId] = []  # the run's blocks, in order, and their keys
+        keys: list[int | None] = []
+        mismatched = 0
+        for event, found in run:
+            mismatched += event.block_size != self.holdings.block_size
+            tier = tier_of(event)
+            parent = event.parent_block_hash
+            if parent is not None and ids and block_id(tier, parent) == ids[-1]:
+                key = keys[-1]  # the event before ends where this one starts
+            else:  # if the run stores its parent again, the run goes slowly below
+                key = self._first_key(event, tier, blocks, ids, keys)
+            keys.extend(chain(key, found))
+            ids.extend(block_ids(tier, event.block_hashes))
+        if blocks.keys().isdisjoint(ids):
+            before = len(blocks)
+            blocks.update(zip(ids, keys, strict=True))
+            if len(blocks) == before + len(ids):
+                orphans = keys.count(None)
+                self.orphans += orphans
+                self.mismatched += mismatched
+                held = [key for key in keys if key is not None] if orphans else keys
+                self.holdings.hold(view, cast("list[int]", held))
+                run.clear()
+                return
+            for each in ids:  # a block twice in the run: none of them was here before
+                blocks.pop(each, None)
+        for stored, found in run:
+            self.store(view, stored, found)
+        run.clear()
+
+    @staticmethod
+    def _first_key(
+        event: BlockStored,
+        tier: Tier,
+        blocks: dict[BlockId, int | None],
+        ids: Sequence[BlockId] = (),
+        keys: Sequence[int | None] = (),
+    ) -> int | None:
+        """The key a stored event's first block hangs from: the root of its LoRA and salt, or
+        its parent's key, held already or stored earlier in the run (`ids`, `keys`); None for
+        a parent never seen (its blocks are orphans: no query reaches them)."""
+        parent = event.parent_block_hash
+        if parent is None:
+            return root_key(event.lora_name, event.cache_salt)
+        parent_id = block_id(tier, parent)
+        if parent_id in blocks:
+            return blocks[parent_id]
+        if parent_id in ids:
+            return keys[len(ids) - 1 - ids[::-1].index(parent_id)]
+        return None
+
+    def store(self, view: WorkerBlocks, event: BlockStored, contents: Sequence[Any]) -> None:
+        if event.block_size != self.holdings.block_size:
+            self.mismatched += 1  # its tokens cut into other blocks than queries do
+        blocks = view.blocks
+        tier = tier_of(event)
+        keys = chain(self._first_key(event, tier, blocks), contents)
+        if keys and keys[-1] is None:
+            self.orphans += keys.count(None)
+        holders, bit, extra_refs = self.holdings.holders, view.bit, view.extra_refs
+        predicted, journal = self.holdings.predictions.masks, self.holdings.journal
+        for each, key in zip(block_ids(tier, event.block_hashes), keys, strict=True):
+            old = blocks.get(each, ABSENT)
+            if old != ABSENT:
+                if old == key:
+                    if key is None or event.group_idx is None:
+                        continue  # stored again: nothing changes
+                    view.copies[each] = view.copies.get(each, 0) + 1
+                    self.holdings.hold(view, (key,))
+                    continue
+                view.copies.pop(each, None)
+                self.holdings.release(view, (old,))
+            blocks[each] = key
+            if key is None:
+                continue
+            if predicted and key in predicted:  # the prediction came true
+                self.holdings.predictions.drop(bit, key)
+            mask = holders.get(key, 0)
+            if mask & bit:
+                extra_refs[key] = extra_refs.get(key, 0) + 1
+            else:
+                holders[key] = mask | bit
+                if journal is not None:  # in order with what `release` notes
+                    note_run(journal, bit, 0, (key,))
+
+    # -- hybrid and tiered workers -------------------------------------------------------
+
+    def needs_hybrid(self, view: WorkerBlocks, event: BlockStored) -> bool:
+        """Whether storing `event` takes more than a plain worker's view: a second tier, a
+        lower tier, a group that is not full attention, or blocks of another size than the
+        index's in a group."""
+        tier = tier_of(event)
+        if view.tier is None:
+            view.tier = tier
+            if event.group_idx is not None:  # its group, learned if the worker turns hybrid
+                view.first = (event.group_idx, group_of(event))
+        elif tier is not view.tier and tier != view.tier:
+            return True
+        medium = tier[0]
+        if medium is not None and not is_device(medium):
+            return True
+        if event.group_idx is None:
+            return False
+        kind = event.kv_cache_spec_kind
+        return event.block_size != self.holdings.block_size or (
+            kind is not None and kind not in FULL_KINDS
+        )
+
+    def make_hybrid(self, worker: Worker, view: WorkerBlocks) -> HybridView:
+        """Give a plain worker its HybridView, from the blocks it holds now."""
+        hybrid = view.hybrid
+        if hybrid is None:
+            hybrid = view.hybrid = HybridView(
+                self.holdings.block_size, journal=self.holdings.journal is not None
+            )
+            hybrid.tiers = plain_tiers(view.blocks, view.copies)
+            hybrid.copies, view.copies = view.copies, {}
+            hybrid.keys = {
+                (each[-1] if isinstance(each, tuple) else each): key
+                for each, key in view.blocks.items()
+                if key is not None
+            }
+            hybrid.begin()
+            if view.first is not None:
+                hybrid.groups.set(*view.first)
+                view.first = None
+            self.holdings.hybrids[worker] = view
+        return hybrid
+
+    def store_hybrid(
+        self, view: WorkerBlocks, event: BlockStored, learned: dict[int, KeyRef]
+    ) -> bool:
+        """Store one event of a hybrid worker; whether a token id was a string."""
+        assert view.hybrid is not None
+        if event.block_size != self.holdings.block_size and event.group_idx is None:
+            self.mismatched += 1  # its tokens cut into other blocks than queries do
+        change = view.hybrid.store(event, view.blocks, learned)
+        self.orphans += change.orphans
+        self.unplaced += change.unplaced
+        if change.let_go:
+            self.holdings.release(view, change.let_go)
+        if change.taken:
+            self.holdings.hold(view, change.taken)
+        if event.lookahead_token_ids:
+            view.lookahead = len(event.lookahead_token_ids[0])
+        return change.strings
+
+    def remove(self, view: WorkerBlocks, event: BlockRemoved) -> None:
+        """Let go of the worker's blocks the event names in its tier; its copies in other tiers
+        stay."""
+        if view.hybrid is not None:
+            self.holdings.release(view, view.hybrid.remove(event, view.blocks))
+            return
+        pop, ids = view.blocks.pop, block_ids(tier_of(event), event.block_hashes)
+        if not view.copies:
+            self.holdings.release(view, [pop(each, ABSENT) for each in ids])
+            return
+        copies, let_go = view.copies, []
+        for each in ids:
+            if copies.get(each):
+                copies[each] -= 1
+                if not copies[each]:
+                    del copies[each]
+                let_go.append(view.blocks[each])
+            else:
+                let_go.append(pop(each, ABSENT))
+        self.holdings.release(view, let_go)
