@@ -14,7 +14,7 @@ leaves the skipped ones out of its hashes while its tokens cover them all.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import msgpack
 import pytest
@@ -22,7 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tskv
-from tskv import AllBlocksCleared, BlockRemoved, BlockStored, CacheGroup, KVEvent
+from tskv import AllBlocksCleared, BlockRemoved, BlockStored, CacheGroup, KVEvent, decode_batch
+from tskv.core.codec import encode_round
+from tskv.core.snapshot import CacheState, SnapshotBuilder
 
 BS = 2  # the index's block size, and every group's smallest
 Prefix = tuple[int, ...]
@@ -34,17 +36,20 @@ def engine_hash(prefix: Prefix) -> int:
 
 
 class Model:
-    """What one worker's engine holds: per (medium, group), each block (by the prefix it
-    ends) with its copies; and what the index can know of a skipped block's place."""
+    """What one worker's engine holds, per (medium, group): each block (by the prefix it
+    ends) with its copies, and whether the index can know its content key ("filed"): when it
+    was stored under a parent filed somewhere, or (a skipping store's) its hash was filed
+    somewhere; a later store of the same block that can be filed files its earlier copies."""
 
     def __init__(self, groups: dict[int, CacheGroup], told: bool) -> None:
         self.groups = groups
         self.learned = set(groups) if told else set()  # what the index knows of the groups
         self.held: dict[tuple[str, int], dict[Prefix, int]] = {}
+        self.filed: dict[tuple[str, int], set[Prefix]] = {}
         self.unplaced = 0
 
-    def anywhere(self, prefix: Prefix) -> bool:
-        return any(prefix in blocks for blocks in self.held.values())
+    def filed_anywhere(self, prefix: Prefix) -> bool:
+        return any(prefix in blocks for blocks in self.filed.values())
 
     def store(
         self,
@@ -65,20 +70,19 @@ class Model:
         prefixes = [tuple(prompt[: (block + 1) * size]) for block in kept]
         skipping = len(kept) < end - start
         self.learned.add(group)
-        # an unseen parent leaves a chain unkeyed: no query reaches it (the index's orphans)
-        orphans = start and not self.anywhere(tuple(prompt[: start * size]))
-        blocks = self.held.setdefault((medium, group), {})
+        parent = tuple(prompt[: start * size])
+        chained = not start or self.filed_anywhere(parent)  # else the index's orphans
+        tier = (medium, group)
+        blocks, filed = self.held.setdefault(tier, {}), self.filed.setdefault(tier, set())
         for prefix in prefixes:
-            if skipping and not self.anywhere(prefix):
-                self.unplaced += 1  # the index cannot know where it goes: not filed
-                continue
-            if not skipping and orphans:
-                continue
+            known = self.filed_anywhere(prefix) if skipping else chained
+            self.unplaced += skipping and not known
             blocks[prefix] = blocks.get(prefix, 0) + 1
-        parent = engine_hash(tuple(prompt[: start * size])) if start else None
+            if known:
+                filed.add(prefix)  # every copy of it in this tier: the same block
         return BlockStored(
             [engine_hash(prefix) for prefix in prefixes],
-            parent,
+            engine_hash(parent) if start else None,
             list(prompt[start * size : end * size]),
             size,
             medium=medium,
@@ -94,10 +98,12 @@ class Model:
         blocks[prefix] -= 1
         if not blocks[prefix]:
             del blocks[prefix]
+            self.filed[tier].discard(prefix)
         return BlockRemoved([engine_hash(prefix)], medium=tier[0], group_idx=tier[1])
 
     def clear(self) -> AllBlocksCleared:
         self.held.clear()
+        self.filed.clear()
         return AllBlocksCleared()
 
     # -- the engine's answer, tried length by length -----------------------------------------
@@ -105,7 +111,7 @@ class Model:
     def holds(self, group: int, prefix: Prefix, device_only: bool) -> bool:
         return any(
             prefix in blocks
-            for (medium, index), blocks in self.held.items()
+            for (medium, index), blocks in self.filed.items()
             if index == group and (medium == "GPU" or not device_only)
         )
 
@@ -204,28 +210,7 @@ def test_the_index_answers_what_the_engine_would_reuse(
         groups = {0: groups[0], 1: CacheGroup("unknown", 2)}
     model = Model(groups, told)
     for step in plan:
-        batch: list[KVEvent] = []
-        if step[0] == "store":
-            _, which, medium, start, span, keep, both = step
-            prompt = prompts_[which]  # type: ignore[index]
-            size = model.groups[1].block_size
-            end = min(start + span, len(prompt) // size)  # type: ignore[operator]
-            if end <= start:  # type: ignore[operator]
-                continue
-            if both:  # the step stored it in the full-attention group too, first
-                batch.append(
-                    model.store(prompt, 0, medium, start * size // BS, end * size // BS, [True] * 8)
-                )  # type: ignore[arg-type, operator]
-            if groups[1].kind != "unknown":
-                batch.append(model.store(prompt, 1, medium, start, end, keep))  # type: ignore[arg-type]
-        elif step[0] == "remove":
-            held = [(tier, prefix) for tier, blocks in model.held.items() for prefix in blocks]
-            if not held:
-                continue
-            tier, prefix = sorted(held)[step[1] % len(held)]  # type: ignore[operator]
-            batch.append(model.remove(tier, prefix))
-        else:
-            batch.append(model.clear())
+        batch = list(model_batch(model, prompts_, step))
         if batch:
             source.apply("w", batch)
         if mirrored:
@@ -239,6 +224,31 @@ def test_the_index_answers_what_the_engine_would_reuse(
                 got = index.match(query)
                 assert (got.get("w", 0), got.on_device("w")) == (every, device), (query, model.held)
     assert source.statistics().unplaced == model.unplaced
+
+
+def model_batch(
+    model: Model, prompts_: list[list[int]], step: tuple[object, ...]
+) -> Iterator[KVEvent]:
+    """The events one step of the plan makes, as the model's engine sends them."""
+    if step[0] == "store":
+        _, which, medium, start, span, keep, both = step
+        prompt = prompts_[which]  # type: ignore[index]
+        size = model.groups[1].block_size
+        end = min(start + span, len(prompt) // size)  # type: ignore[operator]
+        if end <= start:  # type: ignore[operator]
+            return
+        if both:  # the step stored it in the full-attention group too, first
+            first, last = start * size // BS, end * size // BS  # type: ignore[operator]
+            yield model.store(prompt, 0, medium, first, last, [True] * 8)  # type: ignore[arg-type]
+        if model.groups[1].kind != "unknown":
+            yield model.store(prompt, 1, medium, start, end, keep)  # type: ignore[arg-type]
+    elif step[0] == "remove":
+        held = [(tier, prefix) for tier, blocks in model.held.items() for prefix in blocks]
+        if held:
+            tier, prefix = sorted(held)[step[1] % len(held)]  # type: ignore[operator]
+            yield model.remove(tier, prefix)
+    else:
+        yield model.clear()
 
 
 def test_a_group_block_size_the_index_cannot_cut_is_refused_naming_the_fix() -> None:
@@ -288,3 +298,45 @@ def test_a_window_group_skipping_blocks_is_filed_under_the_full_groups_keys() ->
     # kept): the engine would compute all of it again
     assert index.match([*tokens, 0]) == {}
     assert index.engine_hashes("w") == {101, 102, 103, 104}
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps(), st.sampled_from([1, 3, 64]))
+def test_a_snapshot_of_a_hybrid_stream_rebuilds_the_same_answers(
+    drawn: tuple[CacheGroup, list[list[int]], list[tuple[object, ...]]], part_blocks: int
+) -> None:
+    """The publisher's snapshot (its groups declared, tier by tier with full attention's group
+    first, each further copy a store of its own) gives a consumer the index the live stream
+    gave. Where the live stream left blocks unfiled (a parent never seen, a skipped block found
+    nowhere) the snapshot, parents first, may file more; a block that only a skipping group
+    still holds it cannot place: those runs are compared by what the snapshot holds."""
+    other, prompts_, plan = drawn
+    if other.kind == "chunked_local_attention":
+        return  # its chunk is never on the wire: nothing to rebuild it from
+    groups = {0: CacheGroup("full_attention", BS), 1: other}
+    model, live, state = Model(groups, told=False), tskv.PrefixIndex(BS), CacheState()
+    for step in plan:
+        batch = list(model_batch(model, prompts_, step))
+        if batch:
+            live.apply("w", batch)
+            payload = encode_round(1.0, batch, 0, "vllm")
+            assert payload is not None
+            state.apply(payload, batch)
+    builder = SnapshotBuilder(state.freeze(9), 2.0, 0, "vllm", part_blocks)
+    rebuilt = tskv.PrefixIndex(BS)
+    while (payload := builder.next_payload()) is not None:
+        rebuilt.apply("w", decode_batch(payload))
+    skipped_only = {  # blocks a skipping group holds that no full-attention copy does
+        engine_hash(prefix)
+        for (medium, group), blocks in model.held.items()
+        if group == 1
+        for prefix in blocks
+        if not any(prefix in held for (m, g), held in model.held.items() if g == 0)
+    }
+    statistics = live.statistics()
+    assert live.engine_hashes("w") - skipped_only <= rebuilt.engine_hashes("w")
+    if not skipped_only and not statistics.orphans and not statistics.unplaced:
+        assert rebuilt.engine_hashes("w") == live.engine_hashes("w")
+        for prompt in prompts_:
+            for length in range(2, len(prompt) + 1):
+                assert rebuilt.match(prompt[:length]) == live.match(prompt[:length])

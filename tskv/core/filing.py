@@ -25,7 +25,7 @@ from tskv.core.events import (
 )
 from tskv.core.groups import FULL_KINDS, group_of
 from tskv.core.holdings import ABSENT, Holdings, Stored, Worker, WorkerBlocks, note_run
-from tskv.core.hybrid import HybridView, KeyRef, is_device, plain_tiers
+from tskv.core.hybrid import HybridView, is_device, plain_tiers, stored_again
 from tskv.core.tiers import BlockId, Tier, block_id, block_ids, tier_of
 
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
@@ -57,7 +57,7 @@ class Filing:
         holdings, size = self.holdings, self.holdings.block_size
         view = holdings.view(worker)
         stored: list[Stored] = []  # consecutive BlockStored, stored together
-        learned: dict[int, KeyRef] | None = None  # a hybrid batch's keys, once needed
+        learned: dict[int, int] | None = None  # a hybrid batch's keys, once needed
         cleared = strings = False
         for event in events:
             if isinstance(event, BlockStored):
@@ -162,17 +162,22 @@ class Filing:
             self.orphans += keys.count(None)
         holders, bit, extra_refs = self.holdings.holders, view.bit, view.extra_refs
         predicted, journal = self.holdings.predictions.masks, self.holdings.journal
+        grouped = event.group_idx is not None
         for each, key in zip(block_ids(tier, event.block_hashes), keys, strict=True):
             old = blocks.get(each, ABSENT)
             if old != ABSENT:
-                if old == key:
-                    if key is None or event.group_idx is None:
-                        continue  # stored again: nothing changes
-                    view.copies[each] = view.copies.get(each, 0) + 1
-                    self.holdings.hold(view, (key,))
+                again = stored_again(old, key, grouped, view.copies.get(each, 0))
+                if again is not None:
+                    filing, extra = again
+                    if extra:
+                        view.copies[each] = extra
+                    if old is None and key is not None:  # its earlier copies are filed now
+                        blocks[each] = key
+                    filed = key if old is None else old
+                    if filing and filed is not None:
+                        self.holdings.hold(view, [filed] * filing)
                     continue
-                view.copies.pop(each, None)
-                self.holdings.release(view, (old,))
+                self.holdings.release(view, [old] * (1 + view.copies.pop(each, 0)))
             blocks[each] = key
             if key is None:
                 continue
@@ -230,9 +235,7 @@ class Filing:
             self.holdings.hybrids[worker] = view
         return hybrid
 
-    def store_hybrid(
-        self, view: WorkerBlocks, event: BlockStored, learned: dict[int, KeyRef]
-    ) -> bool:
+    def store_hybrid(self, view: WorkerBlocks, event: BlockStored, learned: dict[int, int]) -> bool:
         """Store one event of a hybrid worker; whether a token id was a string."""
         assert view.hybrid is not None
         if event.block_size != self.holdings.block_size and event.group_idx is None:

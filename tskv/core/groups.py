@@ -249,9 +249,13 @@ class GroupSet:
         return self._rules
 
     def prefix_closed(self) -> bool:
-        """Whether no hit can pass the worker's leading run of keys held anywhere."""
+        """Whether no hit can pass the worker's leading run of keys held anywhere: a group
+        needs every block before the hit, and its blocks are the index's (a larger block is
+        held by its last index block's key alone)."""
         rules = self.rules()
-        return not rules or any(self.groups[index].prefix_closed for index, _, _ in rules)
+        return not rules or any(
+            self.groups[index].prefix_closed and scale == 1 for index, scale, _ in rules
+        )
 
     def hit(self, keys: Sequence[int], longest: int, held: Held) -> int:
         """The longest hit, at most `longest` of the request's `keys`, that every group whose

@@ -14,7 +14,7 @@ from typing import Any
 
 from tskv.core.events import BlockStored
 from tskv.core.groups import CacheGroup
-from tskv.core.hybrid import HybridView, Op, flat
+from tskv.core.hybrid import HybridView, Op
 from tskv.core.predictions import Predictions
 from tskv.core.tiers import BlockId, Tier
 
@@ -220,7 +220,7 @@ class Holdings:
                     view.hybrid.tiers.clear()
                 continue
             view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
-            self.release(view, set(flat(view.blocks.values())))
+            self.release(view, {key for key in view.blocks.values() if key is not None})
             view.blocks.clear()
             view.copies.clear()
             if view.hybrid is not None:

@@ -12,7 +12,7 @@ on the device and with its lower tiers (`hit`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tskv.core.block_keys import chain, contents, identities, root_key
@@ -20,9 +20,6 @@ from tskv.core.events import BlockRemoved, BlockStored, KVEvent
 from tskv.core.groups import GroupSet, Held
 from tskv.core.tiers import BlockId, Tier, block_id, tier_of
 
-KeyRef = (
-    int | tuple[int, ...]
-)  # a block's key; a larger block's: the keys of the index blocks in it
 DEVICE_MEDIA = frozenset({"GPU", "HBM", "DEVICE"})  # what the engine's own prefix cache reuses
 
 
@@ -31,15 +28,6 @@ def is_device(medium: str | None) -> bool:
     or the GPU's. Every other medium (CPU, CPU_PINNED, STORAGE, DISK, EXTERNAL, ...) is a lower
     tier, from which a hit must first be loaded."""
     return medium is None or medium.upper() in DEVICE_MEDIA
-
-
-def flat(refs: Iterable[KeyRef | None]) -> Iterator[int]:
-    """The keys of block refs, a larger block's each."""
-    for ref in refs:
-        if isinstance(ref, tuple):
-            yield from ref
-        elif ref is not None:
-            yield ref
 
 
 # What a reader process journals of a hybrid worker, for the index's process to mirror:
@@ -55,7 +43,7 @@ class HybridView:
         self.block_size = block_size
         self.groups = GroupSet(block_size, self._groups_changed)
         self.tiers: dict[Tier, dict[int, int]] = {}  # tier -> key -> copies held there
-        self.keys: dict[int, KeyRef] = {}  # engine hash -> its key, whatever tier holds it
+        self.keys: dict[int, int] = {}  # engine hash -> its key, whatever tier holds it
         self.copies: dict[Any, int] = {}  # a block's copies in its tier beyond the first
         self.ops: list[Op] | None = [] if journal else None
 
@@ -66,7 +54,7 @@ class HybridView:
     # -- storing and removing: what the holdings' union must take and let go of ----------
 
     def store(
-        self, event: BlockStored, blocks: dict[BlockId, Any], learned: Mapping[int, KeyRef]
+        self, event: BlockStored, blocks: dict[BlockId, Any], learned: Mapping[int, int]
     ) -> Change:
         """File the event's blocks in its tier. Hashes and tokens that line up are keyed by
         chaining from the parent, as any worker's. vLLM 0.33 leaves out of a group's hashes the
@@ -86,25 +74,35 @@ class HybridView:
             change.orphans = refs.count(None)
         copies = event.group_idx is not None
         for block, ref in zip(hashes, refs, strict=True):
-            if ref is None:
-                continue
             each = block_id(tier, block)
             old = blocks.get(each)
-            if old == ref:
-                if not copies:
-                    continue  # stored again: nothing changes
-                self.copies[each] = self.copies.get(each, 0) + 1
-            elif old is not None:
-                change.let_go += self.drop(tier, old)
-                self.copies.pop(each, None)
+            again = None
+            if each in blocks:
+                again = stored_again(old, ref, copies, self.copies.get(each, 0))
+            if again is not None:
+                filing, extra = again
+                if extra:
+                    self.copies[each] = extra
+                if old is None and ref is not None:  # its earlier copies' place is known now
+                    blocks[each] = self.keys[block] = ref
+                filed = ref if old is None else old
+                if filed is not None:
+                    for _ in range(filing):
+                        change.taken += self.add(tier, filed)
+                continue
+            if old is not None:  # another block under this hash: the old one goes
+                change.let_go += self.drop(tier, old, 1 + self.copies.pop(each, 0))
+            if ref is None:  # held, as the stream says, but no query can reach it
+                blocks.setdefault(each, None)
+                continue
             blocks[each] = ref
             self.keys[block] = ref
             change.taken += self.add(tier, ref)
         return change
 
     def refs(
-        self, event: BlockStored, scale: int, learned: Mapping[int, KeyRef]
-    ) -> tuple[list[KeyRef | None], bool]:
+        self, event: BlockStored, scale: int, learned: Mapping[int, int]
+    ) -> tuple[list[int | None], bool]:
         """Each of the event's blocks' key (None: its parent was never seen, or its tokens fall
         short), chained from its parent's, and whether a token id was a string."""
         parent = event.parent_block_hash
@@ -112,8 +110,7 @@ class HybridView:
         if parent is None:
             key = root_key(event.lora_name, event.cache_salt)
         else:
-            found = self.keys.get(parent, learned.get(parent))
-            key = found[-1] if isinstance(found, tuple) else found
+            key = self.keys.get(parent, learned.get(parent))
         count = len(event.block_hashes)
         idents = identities(event.extra_keys, event.mm_keys, count, event.lookahead_token_ids)
         if idents is not None and scale > 1:  # an identity names a whole (larger) block
@@ -124,32 +121,40 @@ class HybridView:
         keys = chain(key, found_contents)
         if scale == 1:
             return list(keys), strings
-        spans = [tuple(keys[i * scale : (i + 1) * scale]) for i in range(count)]
-        return [None if None in span else span for span in spans], strings  # type: ignore[misc]
+        # a larger block is its last index block's key: its hash is that block's (vLLM's
+        # `BlockHashListWithBlockSize`), and a chain's key names its whole prefix
+        return [keys[i * scale + scale - 1] for i in range(count)], strings
 
     def remove(self, event: BlockRemoved, blocks: dict[BlockId, Any]) -> list[int]:
         """Let go of one copy of each block in the event's tier; the keys let go of."""
         tier, let_go = tier_of(event), []
         for block in event.block_hashes:
             each = block_id(tier, block)
-            ref = blocks.get(each)
-            if ref is None:
+            if each not in blocks:
+                continue
+            ref = blocks[each]
+            if ref is None:  # an orphan, or unplaced: nothing held to let go of
+                if self.copies.get(each):
+                    self.copies[each] -= 1
+                else:
+                    del blocks[each]
+                    self.copies.pop(each, None)
                 continue
             if self.copies.get(each):
                 self.copies[each] -= 1
             else:
                 del blocks[each]
                 self.copies.pop(each, None)
-                if not any(block_id(other, block) in blocks for other in self.tiers):
-                    self.keys.pop(block, None)
+                if all(blocks.get(block_id(other, block)) is None for other in self.tiers):
+                    self.keys.pop(block, None)  # no tier holds it filed: its key is forgotten
             let_go += self.drop(tier, ref)
         return let_go
 
-    def learn_batch(self, events: Sequence[KVEvent]) -> dict[int, KeyRef]:
+    def learn_batch(self, events: Sequence[KVEvent]) -> dict[int, int]:
         """The keys of the hashes a batch's lined-up stores name, for its stores whose hashes
         do not line up with their tokens: the other group's event of the same step may come
         after them. Only read when such a store is in the batch."""
-        learned: dict[int, KeyRef] = {}
+        learned: dict[int, int] = {}
         skipping = any(
             isinstance(event, BlockStored)
             and event.group_idx is not None
@@ -171,9 +176,9 @@ class HybridView:
 
     # -- holding ---------------------------------------------------------------------------
 
-    def add(self, tier: Tier, ref: KeyRef) -> list[int]:
+    def add(self, tier: Tier, ref: int) -> list[int]:
         """One more copy of a block in `tier`; its keys."""
-        keys = list(flat((ref,)))
+        keys = [ref]
         counts = self.tiers.setdefault(tier, {})
         for key in keys:
             counts[key] = counts.get(key, 0) + 1
@@ -181,9 +186,9 @@ class HybridView:
             self.ops.append((*tier, 1, keys))
         return keys
 
-    def drop(self, tier: Tier, ref: KeyRef) -> list[int]:
-        """One copy fewer of a block in `tier`; its keys."""
-        keys = list(flat((ref,)))
+    def drop(self, tier: Tier, ref: int, copies: int = 1) -> list[int]:
+        """`copies` copies fewer of a block in `tier`; their keys (each once a copy)."""
+        keys = [ref] * copies
         counts = self.tiers.get(tier, {})
         for key in keys:
             left = counts.get(key, 0) - 1
@@ -268,6 +273,25 @@ class HybridView:
                 if group is not None:
                     found.setdefault(group, []).append(counts)
         return found
+
+
+def stored_again(old: Any, ref: Any, grouped: bool, extra: int) -> tuple[int, int] | None:
+    """A store of a block its tier has already (`old`: its key, None if it was not filed;
+    `extra`: its copies beyond the first), keyed `ref` this time (None: not filed): how many
+    copies to file under the key now, and its copies beyond the first afterwards. An event naming
+    its group (vLLM 0.33's, whose hashes name content) is one more copy of the same block, and
+    files the earlier copies once its key is known; any other event stored again is the same
+    block if its key is, else another block under the same hash, which replaces the old
+    (None, as for every such replacement)."""
+    if not grouped:
+        return (0, extra) if old == ref else None
+    if not (old == ref or old is None or ref is None):
+        return None
+    filing = 1 + extra if old is None and ref is not None else 0
+    if grouped:
+        extra += 1
+        filing += (ref if old is None else old) is not None
+    return filing, extra
 
 
 class Change:

@@ -50,6 +50,12 @@ class CacheState:
     def __init__(self, *, tiered: bool = True) -> None:
         self.tiered = tiered
         self.tiers: dict[Tier, Blocks] = {}
+        # tier -> hash -> copies beyond the first: a store naming its group that finds the
+        # block cached is a second copy (vLLM keeps one per computation), removed one by one
+        self.copies: dict[Tier, dict[int, int]] = {}
+        # group index -> its latest store, emptied: a snapshot declares every group it knows,
+        # so a consumer learns a hybrid model's groups even where one holds nothing
+        self.groups: dict[int, BlockStored] = {}
 
     def apply(self, payload: bytes, events: Sequence[KVEvent]) -> None:
         """Follow one batch: its events, and the payload they were encoded into.
@@ -74,6 +80,9 @@ class CacheState:
                     blocks = untiered = tiers[UNTIERED] = {}
                 else:
                     blocks = untiered
+                if stored.group_idx is not None and tiered:
+                    self._count_copies(tier, blocks, stored.block_hashes)
+                    self._note_group(stored)
                 for block in stored.block_hashes:
                     blocks[block] = payload
             elif kind is BlockRemoved:
@@ -82,12 +91,35 @@ class CacheState:
                 found = tiers.get(tier) if tier is not UNTIERED else untiered
                 if found:
                     pop = found.pop
+                    copies = self.copies.get(tier)
                     for block in removed.block_hashes:
-                        pop(block, None)
+                        if copies and copies.get(block):
+                            copies[block] -= 1  # another copy stays
+                            if not copies[block]:
+                                del copies[block]
+                        else:
+                            pop(block, None)
             elif kind is AllBlocksCleared:
                 tiers.clear()
+                self.copies.clear()
                 untiered = None
             # an UnknownEvent changes nothing tskv knows how to follow
+
+    def _note_group(self, stored: BlockStored) -> None:
+        known = self.groups.get(stored.group_idx)  # type: ignore[arg-type]
+        if known is None or _GROUP(known) != _GROUP(stored):
+            declared = replace(
+                stored, block_hashes=[], parent_block_hash=None, token_ids=[], **_NO_BLOCKS
+            )
+            self.groups[stored.group_idx] = declared  # type: ignore[index]
+
+    def _count_copies(self, tier: Tier, blocks: Blocks, hashes: Sequence[int]) -> None:
+        if blocks.keys().isdisjoint(hashes):
+            return  # the usual store: every block new
+        copies = self.copies.setdefault(tier, {})
+        for block in hashes:
+            if block in blocks:
+                copies[block] = copies.get(block, 0) + 1
 
     @property
     def blocks(self) -> int:
@@ -102,7 +134,8 @@ class CacheState:
         tiers = [
             (tier if self.tiered else None, blocks.copy()) for tier, blocks in self.tiers.items()
         ]
-        return FrozenState(next_seq, tiers)
+        copies = {tier: dict(counts) for tier, counts in self.copies.items() if counts}
+        return FrozenState(next_seq, tiers, copies, list(self.groups.values()))
 
 
 class FrozenState:
@@ -110,9 +143,17 @@ class FrozenState:
     the blocks that have gone out). A tier of None is every tier (the wire does not carry
     them)."""
 
-    def __init__(self, next_seq: int, tiers: list[tuple[Tier | None, Blocks]]) -> None:
+    def __init__(
+        self,
+        next_seq: int,
+        tiers: list[tuple[Tier | None, Blocks]],
+        copies: dict[Tier, dict[int, int]] | None = None,
+        groups: list[BlockStored] | None = None,
+    ) -> None:
         self.next_seq = next_seq
         self.tiers = tiers
+        self.copies = copies or {}  # tier -> hash -> copies beyond the first
+        self.groups = groups or []  # each group's declaration: a store of no block
 
 
 class SnapshotBuilder:
@@ -130,7 +171,7 @@ class SnapshotBuilder:
         self._ts = ts
         self._rank = rank
         self._wire_format = wire_format
-        self._parts = _parts(state.tiers, part_blocks)
+        self._parts = _parts(state.tiers, part_blocks, state.copies, state.groups)
         self.parts_made = 0
 
     def next_payload(self) -> bytes | None:
@@ -151,7 +192,12 @@ class SnapshotBuilder:
 _SAID_WHEN_PUBLISHED = DroppedFields(lambda message: None)
 
 
-def _parts(tiers: list[tuple[Tier | None, Blocks]], part_blocks: int) -> Iterator[list[KVEvent]]:
+def _parts(
+    tiers: list[tuple[Tier | None, Blocks]],
+    part_blocks: int,
+    copies: dict[Tier, dict[int, int]] | None = None,
+    groups: Sequence[BlockStored] = (),
+) -> Iterator[list[KVEvent]]:
     """The snapshot's events, cut into parts of about `part_blocks` blocks; the first part
     starts with AllBlocksCleared (so an empty cache is one part holding only that).
 
@@ -160,11 +206,11 @@ def _parts(tiers: list[tuple[Tier | None, Blocks]], part_blocks: int) -> Iterato
     per block (a 40-block chain stored 4 blocks a round is indexed about 1.5 times as fast
     whole).
     """
-    part: list[KVEvent] = [AllBlocksCleared()]
+    part: list[KVEvent] = [AllBlocksCleared(), *groups]
     links: list[BlockStored] = []  # the runs of the event being made, each continuing the last
     size = 0
-    for tier, blocks in tiers:
-        for run in _stores(blocks, tier):
+    for tier, blocks in sorted(tiers, key=_group_first):
+        for run in _stores(blocks, tier, (copies or {}).get(tier) if tier is not None else None):
             if links and not _continues(links[-1], run):
                 part.append(_joined(links))
                 links = []
@@ -178,6 +224,18 @@ def _parts(tiers: list[tuple[Tier | None, Blocks]], part_blocks: int) -> Iterato
         part.append(_joined(links))
     if part:
         yield part
+
+
+_GROUP = attrgetter("block_size", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "medium")
+_NO_BLOCKS = dict.fromkeys(PER_BLOCK)  # a declaration's per-block fields: none
+
+
+def _group_first(tier: tuple[Tier | None, Blocks]) -> int:
+    """Tiers by KV cache group (none first): a group that keeps every block (full attention,
+    group 0 in vLLM) goes out before one that skips some, whose hashes a consumer places by the
+    keys the first gave it. Within a group, tiers keep their order."""
+    name = tier[0]
+    return -1 if name is None or name[1] is None else name[1]
 
 
 # What a run must share with the one before it to go out in one event with it: every field but
@@ -226,7 +284,9 @@ def _joined(links: list[BlockStored]) -> BlockStored:
     return replace(first, **joined)
 
 
-def _stores(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
+def _stores(
+    blocks: Blocks, tier: Tier | None, copies: dict[int, int] | None = None
+) -> Iterator[BlockStored]:
     """One BlockStored per run of cached blocks that one event stored, parents first.
 
     The dict's order is the order in which each block's current life began, so a parent
@@ -236,6 +296,7 @@ def _stores(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
     iterating allows), not in a set of its own: at a million blocks such a set's resizes, the
     garbage collector's walks over it and its release each held up live batches for tens of ms.
     """
+    again = {block: blocks[block] for block, count in (copies or {}).items() if count > 0}
     waiting: dict[int, list[BlockStored]] = {}  # parent hash -> runs held back for it
     ready: deque[BlockStored] = deque()
     for run in _runs(blocks, tier):
@@ -254,6 +315,10 @@ def _stores(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
             yield out
     for runs in waiting.values():  # a cycle of parents cannot be ordered; send them anyway
         yield from runs
+    for block, payload in again.items():  # each further copy as a store of its own, after all
+        for run in _cut([block], _tier_stores(payload, tier)):
+            for _ in range((copies or {})[block]):
+                yield run
 
 
 def _runs(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
@@ -266,15 +331,20 @@ def _runs(blocks: Blocks, tier: Tier | None) -> Iterator[BlockStored]:
     """
     for payload, group in groupby(blocks.items(), itemgetter(1)):
         cached = [block for block, _ in group]
-        stores = [
-            event
-            for event in decode_batch(payload).events
-            if isinstance(event, BlockStored) and (tier is None or tier_of(event) == tier)
-        ]
+        stores = _tier_stores(payload, tier)
         if cached == list(chain.from_iterable(event.block_hashes for event in stores)):
             yield from stores
         else:
             yield from _cut(cached, stores)
+
+
+def _tier_stores(payload: bytes, tier: Tier | None) -> list[BlockStored]:
+    """The batch's stores in `tier` (None: in every tier)."""
+    return [
+        event
+        for event in decode_batch(payload).events
+        if isinstance(event, BlockStored) and (tier is None or tier_of(event) == tier)
+    ]
 
 
 def _cut(cached: list[int], stores: list[BlockStored]) -> Iterator[BlockStored]:
@@ -313,6 +383,10 @@ def _slice(event: BlockStored, start: int, end: int) -> BlockStored:
         values = getattr(event, name)
         if values is not None and len(values) == len(hashes):
             per_block[name] = list(values[start:end])
+    if len(hashes) * size < len(event.token_ids):
+        # a store that skips blocks (vLLM's masked ones): which tokens a hash has is not on
+        # the wire, so the part keeps every token and the parent, as the store came
+        return replace(event, block_hashes=list(hashes[start:end]), **per_block)
     return replace(
         event,
         block_hashes=list(hashes[start:end]),
