@@ -126,3 +126,15 @@ def test_random_draws_the_same_workers_from_the_same_seed() -> None:
 def test_every_policy_refuses_a_call_with_no_worker_naming_the_fix(policy: tskv.Policy) -> None:
     with pytest.raises(ConfigError, match="no worker to route to"):
         policy.choose(Match({}, frozenset()), 10, BLOCK, {})
+
+
+def test_a_block_held_only_in_a_lower_tier_costs_a_fraction_of_a_prefill() -> None:
+    """Worker a holds 4 blocks, 3 of them only on CPU; b holds 2 on its GPU."""
+    match = Match({"a": 4, "b": 2}, frozenset(), lower={"a": 3})
+    queued = {"a": 0.0, "b": 0.0}
+    choice = LoadAwarePolicy().choose(match, 100, BLOCK, queued)
+    assert (choice.worker, choice.cached_tokens, choice.cost) == ("a", 64, 36 + 0.25 * 48)
+    slow_disk = LoadAwarePolicy(lower_tier_cost=0.75).choose(match, 100, BLOCK, queued)
+    assert (slow_disk.worker, slow_disk.cost) == ("b", 68)  # 36 + 36 > 68
+    with pytest.raises(ConfigError, match="lower_tier_cost = -1"):
+        LoadAwarePolicy(lower_tier_cost=-1)

@@ -151,3 +151,17 @@ async def test_routing_by_the_index_beats_round_robin_and_random_and_equals_the_
     assert indexed.prefilled_tokens < min(round_robin.prefilled_tokens, randomly.prefilled_tokens)
     assert any(line.strip().startswith("kv |") for line in lines)  # the chart
     assert "the index equals every worker's cache: yes" in lines[-1]
+
+
+@pytest.mark.parametrize("model", ["hybrid-swa", "hybrid-mamba"])
+async def test_on_a_hybrid_model_every_answer_is_the_engines_own_hit(model: str) -> None:
+    from tskv.sim.routing import RoutingOptions, compare
+
+    lines: list[str] = []
+    options = RoutingOptions(workers=3, rounds=80, cache_blocks=128, model=model)
+    results = await compare(options, lines.append)
+    assert [r.policy for r in results] == ["kv", "kv_group_blind", "round_robin", "random"]
+    assert all(r.index_equal and r.answers == r.exact_answers > 0 for r in results)
+    # counting full attention alone promises blocks the engine cannot serve
+    assert sum(r.blind_over for r in results) > 0
+    assert "promised more than the engine would reuse" in lines[-1]

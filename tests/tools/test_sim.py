@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,3 +151,27 @@ def test_a_workload_that_runs_for_hours_stays_bounded() -> None:
     assert late[0] == early[0] == MAX_CONVERSATIONS
     assert late[1] <= MAX_CONVERSATIONS * 2048 and late[2] <= 256
     assert late[3] <= early[3] + 8  # requests do not pile up waiting
+
+
+def test_a_hybrid_cache_publishes_as_vllm_033_and_keeps_the_window_before_the_boundary() -> None:
+    """A prompt of 10 blocks of 2 tokens: full attention stores all 10; the window group
+    (WINDOW_BLOCKS blocks of span) keeps only the blocks before the replay boundary (block 9,
+    the prompt less one token), and its event's tokens cover all 10."""
+    from tskv.sim.hybrid_cache import WINDOW_BLOCKS, HybridCache
+
+    cache = HybridCache(capacity=100, block_size=2, kind="sliding_window")
+    chain = [(100 + i, (i, i)) for i in range(10)]
+    assert cache.acquire(chain, None, prompt_tokens=20)
+    full, window = cache.take_events()
+    assert isinstance(full, BlockStored) and isinstance(window, BlockStored)
+    assert (full.group_idx, full.kv_cache_spec_kind, full.block_hashes) == (
+        0,
+        "full_attention",
+        [100 + i for i in range(10)],
+    )
+    span = math.ceil((WINDOW_BLOCKS * 2 - 1) / 2)
+    assert window.block_hashes == [100 + i for i in range(9 - span, 9)]
+    assert (window.group_idx, window.kv_cache_spec_sliding_window) == (1, WINDOW_BLOCKS * 2)
+    assert len(window.token_ids) == 20 and window.parent_block_hash is None
+    assert cache.engine_hit(chain, 20) == 9  # the hit ends at the boundary its window kept
+    assert cache.engine_hit(chain[:5], 11) == 0  # no window before block 5: computed again

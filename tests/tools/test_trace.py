@@ -204,3 +204,26 @@ def test_simulate_publishes_a_trace_and_says_what_it_published() -> None:
     assert lines[0].startswith("rank 0: publishing bound to tcp://127.0.0.1:")
     assert lines[1].startswith("rank 1: publishing bound to tcp://127.0.0.1:")
     assert lines[-1].startswith("tskv simulate: 20 requests, ") and "batches published" in lines[-1]
+
+
+@pytest.mark.parametrize("model", ["hybrid-swa", "hybrid-mamba"])
+def test_on_a_hybrid_model_the_index_says_what_every_engine_would_reuse(model: str) -> None:
+    """Workers of a hybrid model publish as vLLM 0.33 does (the vLLM wire, two groups, the
+    second's skipped blocks left out of its hashes); the index's answer for every worker is
+    its engine's own hit, and a full-attention-only index is routed beside it."""
+    done = run_cli(
+        "demo",
+        "--route",
+        "4",
+        "--trace",
+        str(HEAD),
+        "--requests",
+        "150",
+        "--model",
+        model,
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["model"] == model and result["index_exact"] and result["answers_exact"]
+    assert set(result["policies"]) == {"kv", "kv_group_blind", "round_robin", "random"}

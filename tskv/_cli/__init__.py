@@ -35,6 +35,7 @@ from tskv._cli.options import (
     weight,
 )
 from tskv.core.config import SubscriberConfig, did_you_mean
+from tskv.sim.hybrid_cache import MODELS
 
 COMMANDS: dict[str, ModuleType] = {
     "listen": listen,
@@ -143,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--plot", metavar="PNG", help="with --route: also save a chart (needs matplotlib)"
+    )
+    demo.add_argument(
+        "--model",
+        choices=MODELS,
+        default="full",
+        help="with --route: the workers' model: full attention (full), or a hybrid of full "
+        "attention and a sliding window (hybrid-swa) or Mamba (hybrid-mamba), whose events "
+        "are published as vLLM 0.33 does and whose hits the index must equal",
     )
     trace = trace_flags(demo, "routing a request trace (with --route)")
     trace.add_argument("--json", action="store_true", help="print one JSON object instead")

@@ -79,9 +79,10 @@ async def route_trace(args: argparse.Namespace) -> int:
         speed=args.speed,
         seed=args.seed,
         load_weight=defaults.load_weight if args.load_weight is None else args.load_weight,
+        model=args.model,
     )
     results = await compare_trace(requests, options, print, as_json=args.json, plot=args.plot)
-    return 0 if all(result.index_exact for result in results) else 1
+    return 0 if all(result.exact for result in results) else 1
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -98,11 +99,15 @@ async def main(args: argparse.Namespace) -> int:
             block_size=options.block_size,
             cache_blocks=options.cache_blocks,
             seed=options.seed,
+            model=args.model,
         )
         results = await compare(routing, print, args.plot)
-        return 0 if results[0].index_equal else 1
+        exact = all(r.index_equal and r.exact_answers == r.answers for r in results)
+        return 0 if exact else 1
     if args.plot is not None:
         raise ValueError("--plot goes with --route WORKERS")
+    if args.model != "full":
+        raise ValueError(f"--model {args.model} goes with --route WORKERS")
     return 0 if await demo(sim_options(args)) else 1
 
 

@@ -70,10 +70,14 @@ class LoadAwarePolicy:
     """Route to the worker with the lowest cost: `prefill_weight` per prompt token it must
     prefill, plus `load_weight` per token of work queued on it. With the default weights of 1, a
     token waiting in a queue costs what a token to prefill does; a higher `load_weight` spreads
-    load at the expense of cache hits, a lower one follows the cache harder."""
+    load at the expense of cache hits, a lower one follows the cache harder. A cached token held
+    only in a lower tier (CPU, disk: `Match.lower`) costs `lower_tier_cost` of a prefill, for
+    loading it back: 0.25 by default, Dynamo's price for host memory (its router's default
+    `host_cache_hit_weight` credits such a block 0.75 of a device one); 0.75 is its disk's."""
 
     prefill_weight: float = attrs.field(default=1.0, validator=at_least(0, error=ConfigError))
     load_weight: float = attrs.field(default=1.0, validator=at_least(0, error=ConfigError))
+    lower_tier_cost: float = attrs.field(default=0.25, validator=at_least(0, error=ConfigError))
 
     def choose(
         self,
@@ -88,8 +92,10 @@ class LoadAwarePolicy:
         best: tuple[float, float, int, Worker, int] | None = None
         for order, worker in enumerate(candidates(match, queued, workers)):
             cached = _cached(match, worker, prompt_tokens, block_size)
+            lower = min(match.lower.get(worker, 0) * block_size, cached)
             load = queued.get(worker, 0.0)
-            cost = self.prefill_weight * (prompt_tokens - cached) + self.load_weight * load
+            prefill = prompt_tokens - cached + self.lower_tier_cost * lower
+            cost = self.prefill_weight * prefill + self.load_weight * load
             if best is None or (cost, load, order) < best[:3]:
                 best = (cost, load, order, worker, cached)
         assert best is not None

@@ -6,6 +6,8 @@ oracle), not part of it: the library never imports them.
 
 from tskv.sim.block_hash import block_hash, chain_hashes
 from tskv.sim.cache_view import CacheView
+from tskv.sim.hybrid_cache import MODELS, HybridCache, make_cache
+from tskv.sim.prefix_cache import PrefixCache
 from tskv.sim.sampling import (
     GenerateRequest,
     SamplingParams,
@@ -14,11 +16,13 @@ from tskv.sim.sampling import (
     resolve_sampling_seed,
 )
 from tskv.sim.schedulers import SchedulerLoop, SimOptions, check_options
-from tskv.sim.simulator import PrefixCache, Simulator, Workload, decode_rng, run_round
+from tskv.sim.simulator import Simulator, Workload, decode_rng, run_round
 
 __all__ = [
+    "MODELS",
     "CacheView",
     "GenerateRequest",
+    "HybridCache",
     "PrefixCache",
     "SamplingParams",
     "SamplingSeedError",
@@ -31,6 +35,7 @@ __all__ = [
     "check_options",
     "decode_rng",
     "fan_out",
+    "make_cache",
     "resolve_sampling_seed",
     "run_round",
 ]

@@ -9,13 +9,14 @@ of the last round). The run ends by checking the index against every worker's ow
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 
 import attrs
 
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
+from tskv.core.events import KVEvent
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.routing import (
     LoadAwarePolicy,
@@ -24,21 +25,26 @@ from tskv.core.routing import (
     RandomPolicy,
     RoundRobinPolicy,
 )
+from tskv.core.wire_format import WireFormat
 from tskv.shells.publisher import Publisher
 from tskv.shells.watcher import Watcher
 from tskv.sim.block_hash import chain_hashes
+from tskv.sim.group_blind import GroupBlind
 from tskv.sim.plotting import pyplot
+from tskv.sim.prefix_cache import Chain
 from tskv.sim.sampling import GenerateRequest
 from tskv.sim.simulator import Simulator, Workload, step_round
 from tskv.sim.watched import watched_publishers
 
 POLICIES = ("kv", "longest_prefix", "round_robin", "random")
+HYBRID_POLICIES = ("kv", "kv_group_blind", "round_robin", "random")
 
 
 def make_policy(name: str, seed: int) -> Policy:
     """The policy the demo names."""
     makers: dict[str, Callable[[], Policy]] = {
         "kv": LoadAwarePolicy,
+        "kv_group_blind": LoadAwarePolicy,  # on an index that counts full attention alone
         "longest_prefix": LongestPrefixPolicy,
         "round_robin": RoundRobinPolicy,
         "random": lambda: RandomPolicy(seed),
@@ -54,6 +60,7 @@ class RoutingOptions:
     block_size: int = 16
     cache_blocks: int = 256
     seed: int = 0
+    model: str = "full"  # hybrid-swa, hybrid-mamba: a hybrid model's two KV cache groups
 
 
 @attrs.define
@@ -62,6 +69,10 @@ class PolicyResult:
     prompt_tokens: int = 0
     prefilled_tokens: int = 0  # prompt tokens not in the chosen worker's cache when routed
     index_equal: bool = True  # the index equalled every worker's cache at the end
+    answers: int = 0  # index answers checked against every worker's engine, routing each
+    exact_answers: int = 0  # of them, the number that equalled the engine's own hit
+    blind_over: int = 0  # of them, where an index of full attention alone said more
+    blind_extra: int = 0  # the blocks it said too many, in all
     stale_answers: int = 0
     load: dict[int, int] = attrs.Factory(dict)  # prompt tokens routed to each worker
 
@@ -81,25 +92,39 @@ def _outstanding(sim: Simulator) -> float:
     return waiting + sum(r.request.max_new_tokens - r.generated for r in sim.running)
 
 
-def _cached_prefix(sim: Simulator, prompt: tuple[int, ...], block_size: int) -> int:
-    """Tokens of `prompt` the worker really holds, block by block from the start."""
-    chain = [(block, ()) for block in chain_hashes(prompt, block_size)]
-    return sim.cache.cached_prefix(chain) * block_size  # type: ignore[arg-type]
+def _engine_hit(sim: Simulator, prompt: Sequence[int], block_size: int) -> int:
+    """The blocks of `prompt` the worker's engine would reuse (its own rules, its own cache)."""
+    chain: Chain = [(block, ()) for block in chain_hashes(tuple(prompt), block_size)]
+    return sim.cache.engine_hit(chain, len(prompt))
 
 
 async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
     """Route the seed's workload with `policy`; the same requests for every policy."""
     result = PolicyResult(policy)
     workload = Workload(options.seed, options.block_size)
-    sims = [Simulator(options.cache_blocks, options.block_size) for _ in range(options.workers)]
-    index = PrefixIndex(options.block_size)
+    size = options.block_size
+    sims = [
+        Simulator(options.cache_blocks, size, model=options.model) for _ in range(options.workers)
+    ]
+    index, blind = PrefixIndex(size), PrefixIndex(size)
     router = make_policy(policy, options.seed)
-    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    wire: WireFormat = "tokenspeed" if options.model == "full" else "vllm"  # with the groups
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, wire_format=wire)
+    filters = [GroupBlind() for _ in sims]
     async with AsyncExitStack() as stack:
         publishers, watcher = await watched_publishers(stack, config, options.workers, index)
 
         def route(request: GenerateRequest) -> int:
-            match = index.match(request.prompt_ids)
+            said, blind_said = index.match(request.prompt_ids), blind.match(request.prompt_ids)
+            for number, sim in enumerate(sims):  # the index says what each engine would reuse
+                result.answers += 1
+                engine = _engine_hit(sim, request.prompt_ids, size)
+                result.exact_answers += said.get(number, 0) == engine
+                over = blind_said.get(number, 0) - engine
+                result.blind_over += over > 0
+                result.blind_extra += max(over, 0)
+            asked = blind if policy == "kv_group_blind" else index
+            match = asked.match(request.prompt_ids)
             result.stale_answers += bool(match.stale)
             queued: dict[Worker, float] = {w: _outstanding(sim) for w, sim in enumerate(sims)}
             prompt = len(request.prompt_ids)
@@ -113,10 +138,11 @@ async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
                 worker = route(request)
                 result.prompt_tokens += len(request.prompt_ids)
                 result.load[worker] = result.load.get(worker, 0) + len(request.prompt_ids)
-                cached = _cached_prefix(sims[worker], request.prompt_ids, options.block_size)
+                cached = _engine_hit(sims[worker], request.prompt_ids, size) * size
                 result.prefilled_tokens += len(request.prompt_ids) - cached
                 sims[worker].submit(request, conversation)
-            await _step_all(sims, publishers, workload, watcher)
+            for rank, events in enumerate(await _step_all(sims, publishers, workload, watcher)):
+                blind.apply(rank, filters[rank].events(events))
         result.index_equal = all(
             index.engine_hashes(rank) == sim.cached_hashes() for rank, sim in enumerate(sims)
         )
@@ -125,15 +151,20 @@ async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
 
 async def _step_all(
     sims: list[Simulator], publishers: list[Publisher], workload: Workload, watcher: Watcher
-) -> None:
+) -> list[list[KVEvent]]:
+    """One round of every worker, published; the router's view waits for it. Each worker's
+    events, as published."""
+    published = []
     for sim, publisher in zip(sims, publishers, strict=True):
         events = step_round(sim, workload)
+        published.append(events)
         if events:
             await publisher.publish(events)
     for rank, publisher in enumerate(publishers):  # the router's view as of this round
         last = publisher.statistics().accepted - 1
         if last >= 0:
             await watcher.wait_for_seq(rank, last)
+    return published
 
 
 def bar_chart(results: list[PolicyResult], width: int = 40) -> list[str]:
@@ -162,15 +193,17 @@ async def compare(
     options: RoutingOptions, out: Callable[[str], None], plot: str | None = None
 ) -> list[PolicyResult]:
     """Run every policy on the same workload and print the table and chart."""
-    results = [await run_policy(policy, options) for policy in POLICIES]
+    policies = POLICIES if options.model == "full" else HYBRID_POLICIES
+    results = [await run_policy(policy, options) for policy in policies]
     out(
         f"tskv demo --route: {options.workers} workers, {options.rounds} rounds, "
-        f"{options.requests_per_round} requests a round, seed {options.seed}"
+        f"{options.requests_per_round} requests a round, seed {options.seed}, "
+        f"model {options.model}"
     )
-    out(f"{'policy':>12}   prefix hit rate   prompt tokens   tokens to prefill   busiest worker")
+    out(f"{'policy':>14}   prefix hit rate   prompt tokens   tokens to prefill   busiest worker")
     for r in results:
         tokens = f"{r.prompt_tokens:13,}   {r.prefilled_tokens:17,}"
-        out(f"{r.policy:>12}   {r.hit_rate:15.1%}   {tokens}   {r.max_load_share:14.1%}")
+        out(f"{r.policy:>14}   {r.hit_rate:15.1%}   {tokens}   {r.max_load_share:14.1%}")
     out("")
     for line in bar_chart(results):
         out(line)
@@ -181,9 +214,23 @@ async def compare(
             else "plot: matplotlib is not installed"
         )
     indexed = results[0]
+    exact = all(r.exact_answers == r.answers for r in results)
+    answers = sum(r.answers for r in results)
+    out(
+        "the index's answer equals every engine's own hit: "
+        + ("yes" if exact else "NO")
+        + f" ({sum(r.exact_answers for r in results):,} of {answers:,} answers)"
+    )
     out(
         "the index equals every worker's cache: "
-        + ("yes" if indexed.index_equal else "NO")
+        + ("yes" if all(r.index_equal for r in results) else "NO")
         + f" (answers that named a stale worker: {indexed.stale_answers})"
     )
+    if options.model != "full":
+        over, extra = sum(r.blind_over for r in results), sum(r.blind_extra for r in results)
+        out(
+            "an index of full attention alone (Dynamo's) promised more than the engine would "
+            f"reuse in {over:,} of {answers:,} answers, {extra / max(over, 1):.1f} blocks too "
+            "many on average"
+        )
     return results

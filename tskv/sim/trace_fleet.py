@@ -15,7 +15,8 @@ from __future__ import annotations
 import attrs
 
 from tskv.core.events import KVEvent
-from tskv.sim.simulator import Chain, PrefixCache
+from tskv.sim.hybrid_cache import make_cache
+from tskv.sim.prefix_cache import Chain
 from tskv.sim.trace import TRACE_BLOCK, TraceRequest
 
 
@@ -50,14 +51,16 @@ def request_chain(request: TraceRequest, block_size: int) -> Chain:
 class TraceWorker:
     """One worker's prefix cache and prefill queue, in trace time."""
 
-    def __init__(self, cache_tokens: int, block_size: int, prefill_rate: float) -> None:
+    def __init__(
+        self, cache_tokens: int, block_size: int, prefill_rate: float, model: str = "full"
+    ) -> None:
         if TRACE_BLOCK % block_size:
             raise ValueError(
                 f"block size {block_size} does not divide a trace block ({TRACE_BLOCK} tokens): "
                 "use 16, 32, 64, 128, 256 or 512"
             )
         self.block_size = block_size
-        self.cache = PrefixCache(max(1, cache_tokens // block_size), block_size)
+        self.cache = make_cache(model, max(1, cache_tokens // block_size), block_size)
         self.prefill_rate = prefill_rate  # prompt tokens prefilled a second
         self.busy_until = 0.0
 
@@ -69,8 +72,8 @@ class TraceWorker:
         """Serve `request` arriving at `now`: its hit, what it stores and evicts, and when its
         prefill is done (after what is queued)."""
         chain = request_chain(request, self.block_size)
-        cached = self.cache.cached_prefix(chain) * self.block_size
-        if self.cache.acquire(chain, None):  # the request's own blocks stay while it runs
+        cached = self.cache.engine_hit(chain, request.input_length) * self.block_size
+        if self.cache.acquire(chain, None, request.input_length):  # held while it runs
             self.cache.release([block_hash for block_hash, _ in chain])
         start = max(now, self.busy_until)
         self.busy_until = start + (request.input_length - cached) / self.prefill_rate
@@ -78,4 +81,4 @@ class TraceWorker:
 
     def engine_hashes(self) -> set[int]:
         """What this worker's events say it holds: the index must say the same."""
-        return set(self.cache.blocks)
+        return set(self.cache.cached_hashes())

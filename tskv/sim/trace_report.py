@@ -9,7 +9,14 @@ from typing import Any
 
 from tskv.sim.plotting import pyplot
 from tskv.sim.trace import TraceRequest, max_hit_rate
-from tskv.sim.trace_routing import POLICIES, ProgressBar, TraceOptions, TraceResult, run_policy
+from tskv.sim.trace_routing import (
+    HYBRID_POLICIES,
+    POLICIES,
+    ProgressBar,
+    TraceOptions,
+    TraceResult,
+    run_policy,
+)
 
 
 async def compare_trace(
@@ -22,7 +29,8 @@ async def compare_trace(
 ) -> list[TraceResult]:
     """Run every policy on the trace and report them; the caller decides the exit status."""
     bar = ProgressBar(len(requests))
-    results = [await run_policy(policy, requests, options, bar) for policy in POLICIES]
+    policies = POLICIES if options.model == "full" else HYBRID_POLICIES
+    results = [await run_policy(policy, requests, options, bar) for policy in policies]
     ceiling = max_hit_rate(requests, options.block_size)
     if as_json:
         out(json.dumps(summary(requests, ceiling, results)))
@@ -44,6 +52,8 @@ def summary(
         "max_hit_rate": round(ceiling, 4),
         "policies": {result.policy: result.summary() for result in results},
         "index_exact": all(result.index_exact for result in results),
+        "answers_exact": all(result.exact_answers == result.answers for result in results),
+        "model": results[0].model if results else "full",
     }
 
 
@@ -57,7 +67,8 @@ def table(
     lines = [
         f"tskv demo --route {options.workers} --trace: {len(requests):,} requests, "
         f"{options.workers} workers of {options.cache_tokens:,} cached tokens, "
-        f"{options.prefill_rate:,.0f} prompt tokens/s each, block size {options.block_size}",
+        f"{options.prefill_rate:,.0f} prompt tokens/s each, block size {options.block_size}, "
+        f"model {options.model}",
         f"an infinite shared cache would hit {ceiling:.1%} of prompt tokens (the ceiling)",
         "",
         f"{'policy':>22}   hit rate   of ceiling   tokens to prefill   busiest worker",
@@ -69,14 +80,34 @@ def table(
             f"{r.prompt_tokens - r.cached_tokens:17,}   {r.max_load_share:6.1%} (even: {even:.1%})"
         )
     exact = all(r.index_exact for r in results)
+    answers = sum(r.answers for r in results)
+    right = sum(r.exact_answers for r in results)
     seconds = sum(r.seconds for r in results)
     lines += [
         "",
         "the index equals every worker's cache at the end of every run: "
         + ("yes" if exact else "NO"),
+        "its answer equals every engine's own hit (the last requests, every worker): "
+        + ("yes" if right == answers else "NO")
+        + f" ({right:,} of {answers:,})",
+        *blind_line(results),
         f"({seconds:.1f} s for the {len(results)} runs)",
     ]
     return lines
+
+
+def blind_line(results: list[TraceResult]) -> list[str]:
+    """How far an index of full attention alone is off a hybrid model's engines."""
+    over = sum(r.blind_over for r in results)
+    if results and results[0].model == "full":
+        return []
+    extra = sum(r.blind_extra for r in results)
+    answers = sum(r.answers for r in results)
+    return [
+        f"an index of full attention alone (Dynamo's) promised more than the engine would "
+        f"reuse in {over:,} of {answers:,} answers, {extra / max(over, 1):.1f} blocks too many "
+        "on average"
+    ]
 
 
 def save_trace_plot(results: list[TraceResult], options: TraceOptions, path: str) -> bool:

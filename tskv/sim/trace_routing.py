@@ -32,13 +32,17 @@ from tskv.core.routing import (
     RandomPolicy,
     RoundRobinPolicy,
 )
+from tskv.core.wire_format import WireFormat
 from tskv.shells.publisher import Publisher
 from tskv.shells.watcher import Watcher
+from tskv.sim.group_blind import GroupBlind
 from tskv.sim.trace import TraceRequest
-from tskv.sim.trace_fleet import TraceWorker
+from tskv.sim.trace_fleet import TraceWorker, request_chain
 from tskv.sim.watched import watched_publishers
 
 POLICIES = ("kv", "kv_without_predictions", "longest_prefix", "round_robin", "random")
+HYBRID_POLICIES = ("kv", "kv_group_blind", "round_robin", "random")
+EXACT_SAMPLE = 400  # requests whose every worker's answer is checked against its engine
 PREDICTING = ("kv",)  # the policies that record speculative entries for what they route
 _RUNS = itertools.count()
 
@@ -53,16 +57,22 @@ class TraceOptions:
     load_weight: float = 1.0  # LoadAwarePolicy's weight of a queued token
     speed: float | None = None  # times real time; None: as fast as the router keeps up
     seed: int = 0
+    model: str = "full"  # hybrid-swa, hybrid-mamba: a hybrid model's two KV cache groups
 
 
 @attrs.define
 class TraceResult:
     policy: str
+    model: str = "full"
     prompt_tokens: int = 0
     cached_tokens: int = 0
     load: list[int] = attrs.Factory(list)  # prompt tokens routed to each worker
     hit_rate_over_time: list[float] = attrs.Factory(list)  # cumulative, every 1% of the trace
     index_exact: bool = True
+    answers: int = 0  # index answers checked against the engine, once every event is in
+    exact_answers: int = 0
+    blind_over: int = 0  # of them, where an index of full attention alone said more
+    blind_extra: int = 0  # the blocks it said too many, in all
     losses: int = 0  # loss reports the watcher heard (each repaired from replay or a snapshot)
     stale_answers: int = 0  # index answers that named a worker it could not vouch for
     seconds: float = 0.0
@@ -79,6 +89,11 @@ class TraceResult:
         self.prompt_tokens += request.input_length
         self.cached_tokens += cached_tokens
         self.load[worker] += request.input_length
+
+    @property
+    def exact(self) -> bool:
+        """The index equalled the caches, and said what each engine would reuse."""
+        return self.index_exact and self.exact_answers == self.answers
 
     def summary(self) -> dict[str, float | int]:
         return {
@@ -97,8 +112,11 @@ class Fleet:
         workers: list[TraceWorker],
         publishers: list[Publisher],
         watcher: Watcher | None = None,
+        blind: PrefixIndex | None = None,
     ) -> None:
         self.workers, self.publishers, self.watcher = workers, publishers, watcher
+        self.blind = blind  # an index counting full attention alone, fed the same events
+        self._filters = [GroupBlind() for _ in workers]
         self._due: list[tuple[float, int, int, list[KVEvent]]] = []
         self._order = itertools.count()
 
@@ -112,6 +130,8 @@ class Fleet:
         while self._due and self._due[0][0] <= now:
             _, _, worker, events = heapq.heappop(self._due)
             await self.publishers[worker].publish(events)
+            if self.blind is not None:
+                self.blind.apply(worker, self._filters[worker].events(events))
             touched.add(worker)
         if self.watcher is None:
             return
@@ -127,13 +147,14 @@ async def run_policy(
     progress: Callable[[str, int], None] = lambda policy, done: None,
 ) -> TraceResult:
     """Route `requests` by `policy` on fresh workers; the same requests for every policy."""
-    result = TraceResult(policy, load=[0] * options.workers)
+    result = TraceResult(policy, load=[0] * options.workers, model=options.model)
     now = 0.0
     index = PrefixIndex(options.block_size, clock=lambda: now)  # predictions live in trace time
+    blind = PrefixIndex(options.block_size, clock=lambda: now)
     router = make_policy(policy, options)
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        fleet = await _watched_fleet(stack, options, index)
+        fleet = await _watched_fleet(stack, options, index, blind)
         workers, watcher = fleet.workers, fleet.watcher
         assert watcher is not None
         step = max(1, len(requests) // 100)
@@ -144,7 +165,8 @@ async def run_policy(
             await fleet.publish_until(now)
             tokens = request.token_ids()
             queued: dict[Worker, float] = {r: w.queued(now) for r, w in enumerate(workers)}
-            worker = _choose(index, router, tokens, queued, result)
+            asked = blind if policy == "kv_group_blind" else index
+            worker = _choose(asked, router, tokens, queued, result)
             if policy in PREDICTING:
                 index.predict(worker, tokens, options.predicted_ttl)
             served = workers[worker].serve(request, now)
@@ -154,6 +176,7 @@ async def run_policy(
                 result.hit_rate_over_time.append(result.hit_rate)
                 progress(policy, number + 1)
         await fleet.publish_until(float("inf"))
+        _check_answers(index, blind, workers, requests[-EXACT_SAMPLE:], result)
         result.losses = sum(watcher.status(rank).losses for rank in range(options.workers))
         result.index_exact = all(
             index.engine_hashes(rank) == worker.engine_hashes()
@@ -163,16 +186,42 @@ async def run_policy(
     return result
 
 
-async def _watched_fleet(stack: AsyncExitStack, options: TraceOptions, index: PrefixIndex) -> Fleet:
+def _check_answers(
+    index: PrefixIndex,
+    blind: PrefixIndex,
+    workers: list[TraceWorker],
+    asked: list[TraceRequest],
+    result: TraceResult,
+) -> None:
+    """Once every event is in: does the index say, for each request asked and each worker,
+    what the worker's engine would reuse (predictions aside)? And how far off is an index of
+    full attention alone?"""
+    for request in asked:
+        said, blind_said = index.match(request.token_ids()), blind.match(request.token_ids())
+        chain = request_chain(request, index.block_size)
+        for rank, worker in enumerate(workers):
+            engine = worker.cache.engine_hit(chain, request.input_length)
+            real = said.get(rank, 0) - said.predicted.get(rank, 0)
+            result.answers += 1
+            result.exact_answers += real == engine
+            over = blind_said.get(rank, 0) - blind_said.predicted.get(rank, 0) - engine
+            result.blind_over += over > 0
+            result.blind_extra += max(over, 0)
+
+
+async def _watched_fleet(
+    stack: AsyncExitStack, options: TraceOptions, index: PrefixIndex, blind: PrefixIndex
+) -> Fleet:
     """Fresh workers, each a publisher on inproc, and a watcher keeping `index` current."""
     name = f"inproc://tskv-trace-{next(_RUNS)}"
-    config = KVEventsConfig(endpoint=name, replay_endpoint=f"{name}-replay")
+    wire: WireFormat = "tokenspeed" if options.model == "full" else "vllm"  # with the groups
+    config = KVEventsConfig(endpoint=name, replay_endpoint=f"{name}-replay", wire_format=wire)
     publishers, watcher = await watched_publishers(stack, config, options.workers, index)
     workers = [
-        TraceWorker(options.cache_tokens, options.block_size, options.prefill_rate)
+        TraceWorker(options.cache_tokens, options.block_size, options.prefill_rate, options.model)
         for _ in publishers
     ]
-    return Fleet(workers, publishers, watcher)
+    return Fleet(workers, publishers, watcher, blind)
 
 
 async def publish_trace(
@@ -204,7 +253,7 @@ async def publish_trace(
 
 def make_policy(name: str, options: TraceOptions) -> Policy:
     """The policy a trace run names."""
-    if name.startswith("kv"):
+    if name.startswith("kv"):  # with or without predictions, on the index or a blind one
         return LoadAwarePolicy(load_weight=options.load_weight)
     if name == "longest_prefix":
         return LongestPrefixPolicy()
