@@ -275,6 +275,17 @@ def test_bad_payloads_raise_wire_error_saying_what(payload: bytes, says: str) ->
             codec.decode_batch(payload)
 
 
+def test_an_extension_type_anywhere_is_refused_by_every_codec() -> None:
+    """Found by the mutation fuzzer: an ext inside an unknown event's fields came back as
+    msgpack.ExtType from one codec and msgspec.msgpack.Ext from the other."""
+    payload = msgpack.packb(
+        [1.0, [["SomethingNew", msgpack.ExtType(0, b"\x00")]], None], use_bin_type=True
+    )
+    for codec in CODECS.values():
+        with pytest.raises(WireError, match="extension type 0 is in no KV event wire"):
+            codec.decode_batch(payload)
+
+
 def test_wire_error_is_a_value_error_and_non_bytes_is_refused() -> None:
     assert issubclass(WireError, ValueError)
     with pytest.raises(WireError, match="must be bytes"):

@@ -275,11 +275,17 @@ class Codec:
         return from_plain(raw)
 
 
+def _no_ext(code: int, data: object) -> Any:
+    """No KV event wire uses msgpack's extension types; each library would hand one over as
+    its own class, which the other could not send on, so a payload with one is refused."""
+    raise WireError(f"extension type {code} is in no KV event wire")
+
+
 def _msgpack_codec() -> Codec:
     packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 
     def unpack(payload: bytes) -> Any:
-        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_no_ext)
 
     return Codec("msgpack", packer.pack, unpack)
 
@@ -289,7 +295,10 @@ def _msgspec_codec() -> Codec | None:
         return None
     typed = msgspec.msgpack.Decoder(KVEventBatch).decode
     return Codec(
-        "msgspec", msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder().decode, typed
+        "msgspec",
+        msgspec.msgpack.Encoder().encode,
+        msgspec.msgpack.Decoder(ext_hook=_no_ext).decode,
+        typed,
     )
 
 
