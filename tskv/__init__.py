@@ -3,7 +3,7 @@
 from tskv.core.codec import WireError, codec_name, decode_batch, encode_batch
 from tskv.core.config import KVEventsConfig, SubscriberConfig
 from tskv.core.endpoints import EndpointError, offset_endpoint_port
-from tskv.core.errors import ConfigError, TskvError, TskvWarning
+from tskv.core.errors import ConfigError, HandshakeError, TskvError, TskvWarning
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -57,6 +57,7 @@ __all__ = [
     "EndpointError",
     "EventPublisher",
     "EventPublisherFactory",
+    "HandshakeError",
     "KVEvent",
     "KVEventBatch",
     "KVEventsConfig",

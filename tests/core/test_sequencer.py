@@ -6,16 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tskv.core.losses import Loss, LossCounts, LossReason
-from tskv.core.sequencer import (
+from tskv.core.actions import (
     Deliver,
     DeliverSnapshot,
     RequestReplay,
     RequestSnapshot,
-    Sequencer,
     Silence,
     SnapshotTooLarge,
+    Synced,
 )
+from tskv.core.losses import Loss, LossCounts, LossReason
+from tskv.core.sequencer import Sequencer
 
 
 def p(seq: int) -> bytes:
@@ -209,19 +210,33 @@ def test_an_absurd_jump_is_a_discontinuity_not_a_loss_of_2_to_the_63() -> None:
     ]
 
 
-def test_the_hold_is_bounded_and_what_it_let_go_is_fetched_again() -> None:
+def test_a_full_hold_gives_up_the_oldest_hole_and_keeps_the_newest_batches() -> None:
     s = Sequencer(has_replay=True, max_held=3)
     s.live(0, p(0))
-    assert s.live(2, p(2)) == [RequestReplay(0, 1)]
-    for seq in range(3, 10):
-        assert s.live(seq, p(seq)) == []
-    assert sorted(s.order.pending) == [2, 3, 4]  # 5..9 were let go, not held
-    s.replayed(1, 0, p(0))
-    assert [a.seq for a in s.replayed(1, 1, p(1)) if isinstance(a, Deliver)] == [1, 2, 3, 4]
-    assert s.replay_ended(1) == [RequestReplay(4, 2)]  # ask for what was let go
-    s.replayed(2, 4, p(4))
-    actions = [a for seq in range(5, 10) for a in s.replayed(2, seq, p(seq))]
-    assert [a.seq for a in actions if isinstance(a, Deliver)] == [5, 6, 7, 8, 9]
+    [ask] = s.live(2, p(2))
+    assert s.live(3, p(3)) == [] and s.live(4, p(4)) == []  # held while the repair runs
+    actions = s.live(5, p(5))  # one more than the hold keeps: the hole goes, not batch 5
+    assert actions == [
+        Loss(1, 1, LossReason.OVERRUN),
+        *(Deliver(seq, p(seq), False) for seq in (2, 3, 4, 5)),
+    ]
+    assert s.replayed(ask.request_id, 0, p(0)) == [] and s.replay_ended(ask.request_id) == []
+    assert delivered(s.live(6, p(6))) == [6]
+
+
+def test_a_stalled_repair_never_costs_batches_that_arrived_and_delivery_reaches_the_head() -> None:
+    """Seqs 0-4, then 10 (its repair never answered but by the end marker), then 11-1010,
+    with room for 100 held: 1010 is delivered last, and only 5-9 are reported lost."""
+    s = Sequencer(has_replay=True, max_held=100)
+    out = [a for seq in range(5) for a in s.live(seq, p(seq))]
+    [ask] = s.live(10, p(10))
+    for seq in range(11, 1011):
+        out.extend(s.live(seq, p(seq)))
+    out.extend(s.replay_ended(ask.request_id))
+    losses = [a for a in out if isinstance(a, Loss)]
+    assert losses == [Loss(5, 9, LossReason.OVERRUN)]
+    assert delivered(out) == [*range(5), *range(10, 1011)]
+    assert len(s.order.pending) == 0
 
 
 def test_a_replay_that_keeps_refusing_is_reported_as_refused() -> None:
@@ -559,7 +574,7 @@ def test_a_probe_unanswered_means_silence_until_the_publisher_is_heard() -> None
     assert s.silent
     [probe] = s.quiet()
     assert s.replay_failed(probe.request_id) == []  # said once
-    assert s.live(4, p(4)) == [Silence(False, 3), Deliver(4, p(4), False)]
+    assert s.live(4, p(4)) == [Deliver(4, p(4), False), Silence(False, 4)]  # its news first
     assert not s.silent
 
 
@@ -568,7 +583,21 @@ def test_a_silent_publisher_heard_again_on_replay_answers() -> None:
     s.live(0, p(0))
     s.replay_failed(s.quiet()[0].request_id)
     [probe] = s.quiet()
-    assert s.replayed(probe.request_id, 0, p(0)) == [Silence(False, 0)]
+    assert s.replayed(probe.request_id, 0, p(0)) == []  # the end marker says who answered
+    assert s.replay_ended(probe.request_id) == [Silence(False, 0)]
+
+
+def test_a_live_batch_while_a_probe_is_out_does_not_end_the_silence_its_answer_does() -> None:
+    """A restarted publisher's next batch could pass for ours: the probe decides."""
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    s.disconnected()
+    [probe] = s.reconnected()
+    assert s.live(1, b"new-1") == [Deliver(1, b"new-1", False)]
+    assert s.silent
+    assert s.replayed(probe.request_id, 0, b"new-0")[0] == Loss(
+        2, None, LossReason.RESTART, new_seq=0
+    )
 
 
 def test_a_refused_probe_proves_the_publisher_there() -> None:
@@ -579,33 +608,16 @@ def test_a_refused_probe_proves_the_publisher_there() -> None:
     assert not s.silent and s.quiet() != []
 
 
-def test_what_the_full_hold_let_go_is_reported_when_replay_fails() -> None:
-    s = Sequencer(has_replay=True, max_held=2)
-    s.live(0, p(0))
-    [ask] = s.live(2, p(2))
-    for seq in (3, 4, 5):  # 4 and 5 are let go: the hold is full
-        s.live(seq, p(seq))
-    assert s.replay_failed(ask.request_id) == [
-        Loss(1, 1, LossReason.REPLAY_TIMEOUT),
-        Deliver(2, p(2), False),
-        Deliver(3, p(3), False),
-        Loss(4, 5, LossReason.REPLAY_TIMEOUT),  # right away, not when a later batch comes
-    ]
-    assert delivered(s.live(6, p(6))) == [6]
-
-
-def test_what_the_full_hold_let_go_is_reported_when_replay_has_it_no_more() -> None:
-    s = Sequencer(has_replay=True, snapshots=False, max_held=2)
-    s.live(0, p(0))
-    [ask] = s.live(2, p(2))
-    for seq in (3, 4, 5):
-        s.live(seq, p(seq))
-    s.replayed(ask.request_id, 0, p(0))
-    assert delivered(s.replayed(ask.request_id, 1, p(1))) == [1, 2, 3]
-    [again] = s.replay_ended(ask.request_id)  # progress: ask for what was let go
-    assert again == RequestReplay(3, ask.request_id + 1)
-    s.replayed(again.request_id, 3, p(3))
-    assert s.replay_ended(again.request_id) == [Loss(4, 5, LossReason.EVICTED)]
+def test_a_bootstrap_whose_hold_fills_lets_the_oldest_go_for_the_snapshot_or_replay() -> None:
+    s = Sequencer(has_replay=True, start_seq="snapshot", max_held=2)
+    [ask] = s.start()
+    for seq in (5, 6, 7):  # 5 goes: the snapshot's state covers it, or replay fetches it
+        assert s.live(seq, p(seq)) == []
+    assert sorted(s.order.pending) == [6, 7]
+    s.snapshot_part(ask.request_id, 5, 0, b"state")
+    actions = s.replay_ended(ask.request_id)
+    assert actions[0] == DeliverSnapshot(4, [b"state"], None)
+    assert actions[1:] == [RequestReplay(5, ask.request_id + 1)]  # 5 again, from replay
 
 
 def test_a_bootstrap_from_a_publisher_that_has_published_nothing_delivers_the_empty_cache() -> None:
@@ -615,3 +627,196 @@ def test_a_bootstrap_from_a_publisher_that_has_published_nothing_delivers_the_em
     s.snapshot_part(ask.request_id, 0, 0, b"cleared")
     assert s.replay_ended(ask.request_id) == [DeliverSnapshot(-1, [b"cleared"], None)]
     assert delivered(s.live(0, p(0))) == [0]
+
+
+# -- a restart the seqs do not show, a view with a hole, the live connection ------------------
+
+
+def test_a_replay_from_the_start_of_an_empty_sequence_says_the_cache_is_known_empty() -> None:
+    s = Sequencer(has_replay=True, start_seq=0)
+    [ask] = s.start()
+    assert s.replay_ended(ask.request_id) == [Synced()]
+
+
+def test_a_restart_whose_start_replay_no_longer_holds_is_restored_from_a_snapshot() -> None:
+    s = Sequencer(has_replay=True)
+    for seq in range(5):
+        s.live(seq, p(seq))
+    assert s.live(2, b"new-2") == [
+        Loss(5, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, 2),
+    ]
+    assert s.replayed(2, 1, b"new-1") == [RequestSnapshot(3)]  # its 0 is gone from its buffer
+    s.snapshot_part(3, 3, 0, b"state")  # the state after its seq 2
+    assert s.replay_ended(3) == [DeliverSnapshot(2, [b"state"], 0)]
+
+
+def test_a_restarted_publisher_that_has_published_nothing_is_synced() -> None:
+    """After a restart the probe finds nothing, and a replay from 0 finds nothing either:
+    the new engine's cache is empty, and known to be."""
+    s = Sequencer(has_replay=True)
+    for seq in range(5):
+        s.live(seq, p(seq))
+    [probe] = s.reconnected()
+    assert probe == RequestReplay(4, 1, probe=True)
+    assert s.replay_ended(1) == [Loss(5, None, LossReason.RESTART, new_seq=0), RequestReplay(0, 2)]
+    assert s.replay_ended(2) == [Synced()]
+    assert delivered(s.live(0, b"new-0")) == [0]
+
+
+def test_a_restart_whose_seqs_meet_ours_is_found_by_the_batch_replay_holds_at_our_last() -> None:
+    """The crafted sequence: 0-4 delivered, the publisher restarts and its first batch heard is
+    5, exactly the seq expected next."""
+    s = Sequencer(has_replay=True)
+    for seq in range(5):
+        s.live(seq, p(seq))
+    assert delivered(s.live(5, b"new-5")) == [5]  # nothing on the live side tells it apart
+    [probe] = s.reconnected()
+    assert probe == RequestReplay(5, 1, probe=True)
+    assert s.replayed(1, 5, b"new-5") == []  # the batch delivered is the one replay holds...
+    s2 = Sequencer(has_replay=True)
+    for seq in range(5):
+        s2.live(seq, p(seq))
+    [probe] = s2.reconnected()  # ...but found before the new 5: the new 4 is not ours
+    assert s2.replayed(probe.request_id, 4, b"new-4") == [
+        Loss(5, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, 2),
+    ]
+
+
+def test_another_epoch_is_a_restart_even_when_every_batch_compares_equal() -> None:
+    s = Sequencer(has_replay=True, start_seq=0)
+    [ask] = s.start()
+    for seq in range(5):
+        s.replayed(ask.request_id, seq, p(seq))
+    assert s.replay_ended(ask.request_id, epoch=7) == []
+    [probe] = s.reconnected()
+    assert s.replayed(probe.request_id, 4, p(4)) == []  # the same bytes: a continuation?
+    assert s.replay_ended(probe.request_id, epoch=8) == [
+        Loss(5, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, probe.request_id + 1),
+    ]
+    assert s.epoch == 8
+
+
+def test_the_same_epoch_and_no_epoch_change_nothing() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    [probe] = s.quiet()
+    s.replayed(probe.request_id, 0, p(0))
+    assert s.replay_ended(probe.request_id, epoch=7) == []
+    [probe] = s.quiet()
+    s.replayed(probe.request_id, 0, p(0))
+    assert s.replay_ended(probe.request_id) == []  # a publisher that says none: no news
+    [probe] = s.quiet()
+    s.replayed(probe.request_id, 0, p(0))
+    assert s.replay_ended(probe.request_id, epoch=7) == []
+
+
+def test_a_dropped_connection_is_a_silence_until_the_publisher_answers_again() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    assert s.disconnected() == [Silence(True, 0, disconnected=True)]
+    assert s.disconnected() == []  # once
+    [probe] = s.reconnected()
+    assert s.replayed(probe.request_id, 0, p(0)) == []
+    assert s.replay_ended(probe.request_id, epoch=3) == [Silence(False, 0)]
+
+
+def test_without_replay_a_reconnect_ends_the_silence_and_the_first_batch_decides() -> None:
+    s = Sequencer(has_replay=False)
+    s.live(0, p(0))
+    s.live(1, p(1))
+    assert s.disconnected() == [Silence(True, 1, disconnected=True)]
+    assert s.reconnected() == [Silence(False, 1)]
+    assert s.live(0, b"new-0") == [
+        Loss(2, None, LossReason.RESTART, new_seq=0),
+        Deliver(0, b"new-0", False),
+    ]
+
+
+def test_a_repair_that_timed_out_asks_for_a_snapshot_when_the_publisher_answers() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    [ask] = s.live(3, p(3))
+    assert s.replay_failed(ask.request_id) == [
+        Loss(1, 2, LossReason.REPLAY_TIMEOUT),
+        Deliver(3, p(3), False),
+    ]
+    assert s.resync
+    [probe] = s.quiet()  # while it may not answer, a probe of one batch is all that is sent
+    assert isinstance(probe, RequestReplay) and probe.probe
+    assert s.replay_failed(probe.request_id) == [Silence(True, 3)]  # still not answering
+    [probe] = s.quiet()
+    s.replayed(probe.request_id, 3, p(3))
+    snapshot, back = s.replay_ended(probe.request_id)  # it answers: the snapshot, at once
+    assert isinstance(snapshot, RequestSnapshot) and back == Silence(False, 3)
+    assert s.replay_failed(snapshot.request_id) == []  # it stalls again: asked at the next sign
+    [probe] = s.quiet()
+    s.replayed(probe.request_id, 3, p(3))
+    [again] = s.replay_ended(probe.request_id)
+    s.snapshot_part(again.request_id, 4, 0, b"state")  # the state after 3: ours, made whole
+    assert s.replay_ended(again.request_id) == [DeliverSnapshot(3, [b"state"], None)]
+    assert not s.resync
+    [probe] = s.quiet()
+    s.replayed(probe.request_id, 3, p(3))
+    assert s.replay_ended(probe.request_id) == []  # made whole: back to probing
+
+
+def test_a_resync_is_asked_at_the_next_live_batch_after_the_one_delivered() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    [ask] = s.live(2, p(2))
+    s.replay_failed(ask.request_id)
+    actions = s.live(3, p(3))
+    assert actions[0] == Deliver(3, p(3), False) and isinstance(actions[1], RequestSnapshot)
+
+
+def test_no_resync_from_a_publisher_without_snapshots() -> None:
+    s = Sequencer(has_replay=True, snapshots=False)
+    s.live(0, p(0))
+    [ask] = s.live(2, p(2))
+    s.replay_failed(ask.request_id)
+    [probe] = s.quiet()
+    assert isinstance(probe, RequestReplay) and probe.probe
+
+
+def test_on_reconnect_the_batch_before_the_drop_is_compared_even_after_one_came_since() -> None:
+    """The restarted publisher's 5 came live first and passed for ours; its 4 is not ours."""
+    s = Sequencer(has_replay=True)
+    for seq in range(5):
+        s.live(seq, p(seq))
+    s.disconnected()
+    assert delivered(s.live(5, b"new-5")) == [5]
+    [probe] = s.reconnected()
+    assert probe == RequestReplay(4, probe.request_id, probe=True)
+    assert s.replayed(probe.request_id, 4, b"new-4") == [
+        Loss(6, None, LossReason.RESTART, new_seq=0),
+        RequestReplay(0, probe.request_id + 1),
+    ]
+
+
+def test_a_new_epoch_restarts_only_what_came_before_the_request() -> None:
+    """Nothing of the old incarnation was delivered before this replay from 0: the batch it
+    delivered is the new one's, and no restart is reported."""
+    s = Sequencer(has_replay=True, start_seq=0)
+    [ask] = s.start()
+    assert s.replay_ended(ask.request_id, epoch=1) == [Synced()]
+    s.disconnected()
+    [probe] = s.reconnected()
+    assert probe == RequestReplay(0, probe.request_id, probe=True)
+    assert delivered(s.replayed(probe.request_id, 0, b"new-0")) == [0]
+    assert s.replay_ended(probe.request_id, epoch=2) == [Silence(False, 0)]
+
+
+def test_a_reconnect_replaces_a_replay_asked_of_whoever_was_there_before() -> None:
+    s = Sequencer(has_replay=True)
+    s.live(0, p(0))
+    [repair] = s.live(3, p(3))
+    s.disconnected()
+    [probe] = s.reconnected()
+    assert probe == RequestReplay(0, repair.request_id + 1, probe=True)
+    assert s.replayed(repair.request_id, 1, p(1)) == []  # the old one's reply: ignored
+    s.replayed(probe.request_id, 0, p(0))
+    assert delivered(s.replayed(probe.request_id, 1, p(1))) == [1]
+    assert delivered(s.replayed(probe.request_id, 2, p(2))) == [2, 3]

@@ -305,27 +305,38 @@ async def test_an_absurd_seq_is_one_discontinuity_not_9e18_lost_batches(
     assert stats.lost == 0
 
 
-async def test_the_hold_stays_bounded_while_replay_trickles_and_nothing_is_lost(
+async def test_a_full_hold_keeps_the_newest_and_delivery_reaches_the_head(
     tskv_scripted: ScriptedPublisher,
 ) -> None:
-    tskv_scripted.replay_delay = 0.2  # replay is slow; live batches keep coming meanwhile
+    """Seqs 0-4, then 10 (5-9 lost on the way, and gone from replay), then 11-1010 while the
+    repair is slow, with room for 100 held: every batch received is delivered, 1010 last, and
+    only 5-9 are reported lost."""
+    tskv_scripted.replay_delay = 2.0  # the repair outlasts the 1,000 batches that follow
+    tskv_scripted.snapshots = False
     losses: list[Loss] = []
     async with tskv.open_subscriber(
         tskv_scripted.endpoint,
         tskv_scripted.replay_endpoint,
-        max_held=10,
+        max_held=100,
         on_loss=losses.append,
     ) as sub:
         await tskv_scripted.wait_for_subscriber()
-        tskv_scripted.send(ev(0))
-        tskv_scripted.drop(ev(1))
-        for n in range(2, 200):
+        for n in range(5):
             tskv_scripted.send(ev(n))
-        got = await take_batches(sub, 200)
-        assert sub.statistics().held <= 10
-    assert [seq for seq, _ in got] == list(range(200))
-    assert [list(batch.events) for _, batch in got] == [ev(n) for n in range(200)]
-    assert losses == []
+        for n in range(5, 10):
+            tskv_scripted.drop(ev(n))
+        tskv_scripted.evict(below=10)  # replay answers the repair with its end marker only
+        for n in range(10, 1011):
+            tskv_scripted.send(ev(n))
+        got = []
+        with trio.fail_after(10):
+            async for seq, batch in sub:
+                assert sub.statistics().held <= 100
+                got.append((seq, list(batch.events)))
+                if seq == 1010:
+                    break
+    assert got == [(n, ev(n)) for n in [*range(5), *range(10, 1011)]]
+    assert losses == [Loss(5, 9, LossReason.OVERRUN)]
 
 
 def test_the_sync_scripted_publisher_forwards_every_setting_and_refuses_others(

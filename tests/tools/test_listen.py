@@ -279,3 +279,29 @@ async def test_an_inproc_publisher_that_answers_is_not_reported_as_silent(
                 assert (await sub.__anext__())[0] == 0
             await trio.sleep(0.4)  # the time the warning had to come: it must not
     assert "no publisher has answered" not in caplog.text
+
+
+async def test_a_refused_handshake_ends_listen_with_one_line_naming_the_key_to_check(
+    tmp_path: Path,
+) -> None:
+    """A wrong server key never heals: listen says so once and exits 2, not after a
+    misleading "no publisher has answered" and never."""
+    from tskv.curve.key_files import generate_keys
+
+    _, server_secret = generate_keys(tmp_path / "server", "publisher")
+    wrong_public, _ = generate_keys(tmp_path / "wrong", "wrong")
+    config = KVEventsConfig(
+        endpoint=LOOPBACK, curve_secret_key=str(server_secret), curve_allow_any_client=True
+    )
+    async with tskv.open_publisher(config) as publisher:
+        args = (publisher.endpoint, "--curve-server-key", str(wrong_public))
+        done = await trio.to_thread.run_sync(lambda: run_listen(*args))
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert (
+        line.startswith("tskv listen: ")
+        and "handshake" in line
+        and "failed" in line
+        and "curve_server_key" in line
+    )
+    assert "no publisher has answered" not in done.stderr and "Traceback" not in done.stderr

@@ -16,6 +16,8 @@ import trio
 
 from tskv.core.codec import mm_key_fields
 from tskv.core.config import MAX_MESSAGE_BYTES
+from tskv.core.delivery import MAX_SNAPSHOT_BYTES
+from tskv.core.errors import HandshakeError
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -27,7 +29,6 @@ from tskv.core.events import (
     event_fields,
 )
 from tskv.core.losses import Loss
-from tskv.core.sequencer import MAX_SNAPSHOT_BYTES
 from tskv.shells._reachability import unreachable_reason
 from tskv.shells.subscriber import Subscriber, open_subscriber
 
@@ -206,6 +207,7 @@ async def listen(
     ) as sub:
         if summary_to is not None and sub.endpoint != endpoint:
             print(f"tskv listen: bound to {sub.endpoint}", file=summary_to, flush=True)
+        refused = False
         try:
             count = snapshots = 0
             async for seq, batch in sub:
@@ -218,8 +220,11 @@ async def listen(
                 count += 1
                 if limit is not None and count >= limit:
                     return
+        except HandshakeError:
+            refused = True  # its one line says it all: no summary of nothing
+            raise
         finally:
-            if summary_to is not None:
+            if summary_to is not None and not refused:
                 print(summary(sub), file=summary_to, flush=True)
 
 

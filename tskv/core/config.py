@@ -14,9 +14,9 @@ from typing import Any, Literal
 import attrs
 
 from tskv.core._checks import at_least, int_at_least, number_at_least
+from tskv.core.delivery import MAX_SNAPSHOT_BYTES
 from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.errors import ConfigError, TskvTypeError, Warn, python_warning
-from tskv.core.sequencer import MAX_SNAPSHOT_BYTES
 from tskv.core.wire_format import WIRE_FORMATS, Layout, WireFormat, layout
 
 Validator = Any  # attrs' validator protocol, too loose to spell usefully

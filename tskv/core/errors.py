@@ -33,6 +33,12 @@ class TskvLookupError(TskvError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class HandshakeError(TskvError, ConnectionError):
+    """The publisher refused this subscriber's handshake for good: its key is not allowed, the
+    server key is wrong, or one side speaks clear text. Retrying cannot help; the message says
+    what to check."""
+
+
 class TskvRuntimeError(TskvError, RuntimeError):
     """Something tskv needs is not there at run time (a scheduler binding, a ZAP handler)."""
 

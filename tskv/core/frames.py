@@ -21,6 +21,10 @@ MAX_REQUEST_BYTES = 1024  # no replay request frame needs more; larger ones disc
 # the replay at once. Snapshot parts carry the mark as their first frame.
 SNAPSHOT_MARK = b"tskv-snapshot"
 SNAPSHOT_REQUEST = SNAPSHOT_MARK + END_FRAME
+# tskv's publisher says its incarnation (a random 64-bit number drawn when it starts) in the
+# payload of every end marker that is not a refusal: clients that look only at the seq frame
+# (vLLM's, TokenSpeed's) see a normal end, and a refusal's reason is text, never this.
+EPOCH_MARK = b"\x00tskv-epoch"
 
 
 class FrameError(TskvError, ValueError):
@@ -89,13 +93,21 @@ def snapshot_part(client: bytes, next_seq: int, index: int, payload: bytes) -> l
     return [client, b"", SNAPSHOT_MARK, _SEQ.pack(next_seq), _SEQ.pack(index), payload]
 
 
-def replay_end(client: bytes, topic: bytes | None, refusal: str = "") -> list[bytes]:
+def replay_end(
+    client: bytes, topic: bytes | None, refusal: str = "", epoch: int | None = None
+) -> list[bytes]:
     """The end of a replay. A refused request ends at once, its reason in the payload frame:
-    clients that only look at the seq see a normal end, tskv's subscriber retries later."""
-    reason = refusal.encode()
+    clients that only look at the seq see a normal end, tskv's subscriber retries later. Any
+    other end says the publisher's `epoch`, when it has one."""
+    if refusal:
+        payload = refusal.encode()
+    elif epoch is not None:
+        payload = EPOCH_MARK + _SEQ.pack(epoch)
+    else:
+        payload = b""
     if topic is None:
-        return [client, b"", END_FRAME, reason]
-    return [client, b"", b"", END_FRAME, reason]  # vLLM's end marker has an empty topic
+        return [client, b"", END_FRAME, payload]
+    return [client, b"", b"", END_FRAME, payload]  # vLLM's end marker has an empty topic
 
 
 @attrs.frozen
@@ -113,9 +125,20 @@ class ReplayReply:
     @property
     def refusal(self) -> str | None:
         """Why the publisher refused the request, for an end marker that carries a reason."""
-        if not self.is_end or not self.payload:
+        if not self.is_end or not self.payload or self.payload.startswith(b"\x00"):
             return None
         return self.payload.decode("utf-8", "replace")
+
+    @property
+    def epoch(self) -> int | None:
+        """The publisher's incarnation, for an end marker from a publisher that says it."""
+        payload = self.payload
+        if not self.is_end or len(payload) != len(EPOCH_MARK) + 8:
+            return None
+        if not payload.startswith(EPOCH_MARK):
+            return None
+        epoch: int = _SEQ.unpack(payload[len(EPOCH_MARK) :])[0]
+        return epoch
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ class LossReason(str, enum.Enum):
     INTERRUPTED = "interrupted"  # a repair was under way when the publisher restarted
     RESTART = "restart"  # the publisher started a new sequence (or the seq jumped absurdly)
     SNAPSHOT = "snapshot"  # not lost: replaced by the snapshot delivered next, which has them
+    OVERRUN = "overrun"  # the live stream ran max_held batches past a repair: the hole went
     TOO_LARGE = "too-large"  # the snapshot that would restore them was over max_snapshot_bytes
 
 

@@ -108,8 +108,10 @@ class ReplayServer:
         topic: bytes | None,
         clock: Callable[[], float],
         snapshots: Callable[[], SnapshotBuilder] | None = None,
+        epoch: int | None = None,
     ) -> None:
         self._buffer = buffer
+        self.epoch = epoch  # said in every end marker but a refusal; None: says none
         self._snapshots = snapshots  # None: snapshot requests end at once, as a replay past the end
         self._topic = topic  # the topic frame of vLLM's reply layout; None: TokenSpeed's
         self._client_timeout = config.replay_client_timeout
@@ -179,7 +181,7 @@ class ReplayServer:
         job.next_seq = self._buffer.first_at_or_after(job.next_seq)
         payload = self._buffer.get(job.next_seq) if job.next_seq < job.stop_seq else None
         if payload is None:
-            return Outgoing(job.client, frames.replay_end(job.client, self._topic), None)
+            return self._end(job)
         reply = frames.replay_reply(job.client, job.next_seq, payload, self._topic)
         return Outgoing(job.client, reply, job.next_seq)
 
@@ -188,10 +190,15 @@ class ReplayServer:
             index = snapshot.parts_made
             payload = snapshot.next_payload()
             if payload is None:
-                return Outgoing(job.client, frames.replay_end(job.client, self._topic), None)
+                return self._end(job)
             part = frames.snapshot_part(job.client, snapshot.next_seq, index, payload)
             job.part = Outgoing(job.client, part, index)
         return job.part
+
+    def _end(self, job: _Job) -> Outgoing:
+        return Outgoing(
+            job.client, frames.replay_end(job.client, self._topic, "", self.epoch), None
+        )
 
     def sent(self, out: Outgoing) -> None:
         if self._one_offs and out is self._one_offs[0]:

@@ -1,14 +1,15 @@
 """What the subscriber's tasks put in its inbox, for the consumer's task to hand to the
 Sequencer: live messages, replay replies and snapshot parts (tagged with their request), a
-request's failure, frames that were not a batch, and the quiet stream's tick."""
+request's failure, frames that were not a batch, the quiet stream's tick, and what the SUB
+socket's monitor saw of the connection."""
 
 from __future__ import annotations
 
 import attrs
 
 from tskv.core import frames
+from tskv.core.actions import RequestReplay, RequestSnapshot
 from tskv.core.losses import LossReason
-from tskv.core.sequencer import RequestReplay, RequestSnapshot
 
 
 @attrs.frozen
@@ -46,5 +47,28 @@ class Quiet:
     """No live message for the quiet interval."""
 
 
-Inbound = Live | Replayed | SnapshotPart | ReplayFailed | BadFrames | Quiet
+@attrs.frozen
+class Connection:
+    """The SUB socket's connection to the publisher dropped (`up=False`) or was made again."""
+
+    up: bool
+
+
+@attrs.frozen
+class HandshakeRefused:
+    """The publisher refused the handshake for good (a key mismatch does not heal)."""
+
+    message: str
+
+
+Inbound = (
+    Live
+    | Replayed
+    | SnapshotPart
+    | ReplayFailed
+    | BadFrames
+    | Quiet
+    | Connection
+    | HandshakeRefused
+)
 Request = RequestReplay | RequestSnapshot

@@ -10,6 +10,13 @@ message over the socket's MAXMSGSIZE, or bytes that are not ZMTP) is never retri
 subscriber would hear nothing more, for good. ZeroMQ says `CONNECT_RETRIED` right after any
 disconnect it will retry; when that does not come, a connecting socket's monitor connects it
 again itself.
+
+A connecting subscriber's monitor also tells its subscriber (through its inbox) when the
+connection drops and comes back, so a publisher that exited is known at once and one that
+restarted is checked; and when a handshake is refused for good: the peer refused this side's
+key, the security did not match, or it failed REFUSALS_FINAL times in a row with no detail
+(a wrong server key looks like that). A single undetailed failure is not final: a peer that
+goes away mid-handshake causes one.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import trio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from tskv.shells._inbox import Connection, HandshakeRefused, Inbound
 from tskv.shells._ratelimit import LogLimiter
 from tskv.shells._trio_zmq import TrioSocket
 
@@ -38,6 +46,7 @@ _EVENTS = cast(int, zmq.EVENT_HANDSHAKE_SUCCEEDED)
 for _event in (*_FAILED, zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
     _EVENTS |= cast(int, _event)
 RETRIED_WITHIN = 1.0  # seconds; libzmq's I/O thread says CONNECT_RETRIED microseconds after
+REFUSALS_FINAL = 3  # undetailed handshake failures in a row that are a refusal for good
 # pyzmq names a monitor's inproc endpoint after the socket's fd, and fds are reused: a socket
 # opened while a closed one's monitor endpoint still lingers failed with "Address already in
 # use". A name of our own never repeats.
@@ -49,7 +58,8 @@ class SocketMonitor:
 
     `hint` finishes the log line for a failed handshake: what this side's user should check.
     `reattach`: the endpoint the socket connects to, connected again when ZeroMQ will not;
-    `dropped_hint` says why that happens, for the log.
+    `dropped_hint` says why that happens, for the log. `inbox`: where a connecting subscriber
+    hears of its connection (`Connection`, `HandshakeRefused`).
     """
 
     def __init__(
@@ -59,8 +69,10 @@ class SocketMonitor:
         hint: str,
         reattach: str | None = None,
         dropped_hint: str = "",
+        inbox: trio.MemorySendChannel[Inbound] | None = None,
     ) -> None:
         self.label = label
+        self._inbox = inbox
         self.hint = hint
         self.handshakes = 0
         self.handshake_failures = 0
@@ -78,6 +90,7 @@ class SocketMonitor:
     async def run(self) -> None:
         working = False  # the connection's handshake succeeded (a refused one is not retried)
         dropped = False  # a working connection ended, and ZeroMQ has not said it will retry it
+        refused = 0  # handshakes failed since the last that succeeded
         while True:
             with trio.move_on_after(RETRIED_WITHIN if dropped else math.inf) as waiting:
                 event = parse_monitor_message(await self._events.receive())
@@ -87,17 +100,24 @@ class SocketMonitor:
                 continue
             kind = event["event"]
             if kind == zmq.EVENT_DISCONNECTED:
+                if working and self._inbox is not None:
+                    await self._inbox.send(Connection(up=False))
                 dropped, working = working and self._reattach is not None, False
             elif kind == zmq.EVENT_CONNECT_RETRIED:
                 dropped = False
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                working = True
+                working, refused = True, 0
                 self.handshakes += 1
                 self.answered.set()
+                if self.handshakes > 1 and self._inbox is not None:
+                    await self._inbox.send(Connection(up=True))
             elif kind in _FAILED:
                 self.handshake_failures += 1
+                refused += 1
                 peer = event["endpoint"].decode(errors="replace")
-                self._log.warning(
+                # a subscriber raises the refusal, saying the same: its log would repeat it
+                log = self._log.warning if self._inbox is None else logger.debug
+                log(
                     "%s: handshake with %s failed (%s); %s (%d failed so far)",
                     self.label,
                     peer,
@@ -105,6 +125,14 @@ class SocketMonitor:
                     self.hint,
                     self.handshake_failures,
                 )
+                final = kind != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL or refused >= REFUSALS_FINAL
+                if final and self._inbox is not None:
+                    times = f", {refused} times in a row" if refused > 1 else ""
+                    why = f"{_describe(kind)}{times}"
+                    await self._inbox.send(
+                        HandshakeRefused(f"the handshake with {peer} failed ({why}); {self.hint}")
+                    )
+                    self._inbox = None  # said once: the subscriber raises it
 
     def _attach_again(self) -> None:
         assert self._reattach is not None

@@ -43,6 +43,8 @@ async def warn_if_unanswered(
     with trio.move_on_after(after):
         await monitor.answered.wait()
         return
+    if monitor.handshake_failures:
+        return  # it does answer: each failed handshake was logged, saying what to check
     problem = await unreachable_reason(endpoint)
     logger.warning(
         "no %s has answered on %s for %g s (still trying): %s",

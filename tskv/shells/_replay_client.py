@@ -10,8 +10,8 @@ import trio
 import zmq
 
 from tskv.core import frames
+from tskv.core.actions import RequestReplay, RequestSnapshot
 from tskv.core.replay_retry import GiveUp, ReplayAttempt
-from tskv.core.sequencer import RequestReplay, RequestSnapshot
 from tskv.curve.security import ClientSecurity
 from tskv.shells._inbox import BadFrames, Inbound, Replayed, ReplayFailed, Request, SnapshotPart
 from tskv.shells._trio_zmq import TrioSocket, attach
@@ -46,6 +46,7 @@ class ReplayClient:
         self._inbox = inbox
         self.refusals = 0
         self._dealer = self._open()
+        self._serving: trio.CancelScope | None = None  # the request under way, to give up
 
     def _open(self) -> TrioSocket:
         sock = self._context.socket(zmq.DEALER)
@@ -68,10 +69,23 @@ class ReplayClient:
         self._dealer.close()
         self._dealer = self._open()
 
+    def supersede(self) -> None:
+        """A newer request is on its way: the one under way is of no use now (the sequencer
+        replaced it), and is given up at once rather than when it times out."""
+        if self._serving is not None:
+            self._serving.cancel()
+
     @trio.lowlevel.enable_ki_protection
     async def run(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
         async for request in requests:
-            await self._serve(request, requests)
+            if requests.statistics().current_buffer_used:
+                continue  # a newer one is queued behind it
+            with trio.CancelScope() as scope:
+                self._serving = scope
+                await self._serve(request, requests)
+            self._serving = None
+            if scope.cancelled_caught:
+                self._renew()  # its late replies die with the old socket
 
     async def _serve(self, request: Request, requests: trio.MemoryReceiveChannel[Request]) -> None:
         if isinstance(request, RequestSnapshot):

@@ -42,6 +42,10 @@ class ReplayTask:
     def statistics(self) -> ReplayStatistics:
         return self._server.statistics()
 
+    @property
+    def epoch(self) -> int | None:
+        return self._server.epoch
+
     @trio.lowlevel.enable_ki_protection
     async def run(self) -> None:
         router, server = self._router, self._server

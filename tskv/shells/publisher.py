@@ -13,6 +13,8 @@ code, whose leaving the block then gets the same bounded drain as any other exit
 from __future__ import annotations
 
 import logging
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,7 +27,7 @@ import zmq
 from tskv.core import frames
 from tskv.core.codec import DroppedFields, codec_name, encode_round
 from tskv.core.config import KVEventsConfig
-from tskv.core.endpoints import offset_endpoint_port
+from tskv.core.endpoints import host_and_port, offset_endpoint_port, tcp_host
 from tskv.core.errors import TskvError, TskvTypeError
 from tskv.core.events import EVENT_TYPES, KVEvent
 from tskv.core.replay_buffer import ReplayBuffer
@@ -45,6 +47,11 @@ from tskv.shells._zap import ZapHandler
 logger = logging.getLogger(__name__)
 
 REPLAY_PIPE = 128  # replies ZeroMQ queues per replay client, whatever `hwm` is
+RELEASE_WAIT = 1.0  # seconds a closing publisher waits for ZeroMQ to let go of its tcp ports
+# Endpoints this process's publishers of a rank > 0 bound, offset, each with the endpoint it was
+# configured with and its rank: given back with that rank, one would be offset twice.
+_OFFSET_BOUND: dict[str, tuple[str, int]] = {}
+OFFSET_BOUND_KEPT = 1024
 UNANSWERED_AFTER = 5.0  # seconds a publisher that connects out waits for a subscriber, then says so
 MAX_SUBSCRIPTION_BYTES = 4096  # a larger subscription frame disconnects its sender
 CURVE_HINT = (
@@ -98,8 +105,15 @@ class Publisher(metaclass=NoPublicConstructor):
     ) -> None:
         self.config = config
         self.dp_rank = dp_rank
-        self.endpoint = publishing.endpoint  # as really bound
+        # Where it publishes, as really bound (the rank's offset applied, a port picked for
+        # `*`): what a subscriber connects to. A restart on the same ports passes the
+        # configured ones (and the same rank) again.
+        self.endpoint = publishing.endpoint
         self.replay_endpoint = None if replaying is None else replaying.endpoint
+        self.configured_endpoint = config.endpoint
+        self.configured_replay_endpoint = config.replay_endpoint
+        # this incarnation, said on replay: a subscriber tells a restart on the same ports by it
+        self.epoch = None if replaying is None else replaying.epoch
         self._queue = queue
         self._publishing = publishing
         self._replaying = replaying
@@ -301,6 +315,8 @@ async def open_publisher(
     endpoint = offset_endpoint_port(config.endpoint, dp_rank)
     replay_endpoint = offset_endpoint_port(config.replay_endpoint, dp_rank)
     assert endpoint is not None
+    _warn_if_offset_twice(config.endpoint, endpoint, dp_rank)
+    _warn_if_offset_twice(config.replay_endpoint, replay_endpoint, dp_rank)
     security = server_security(config)  # the key files are read here, where sockets open
     own_context = context is None and security is not None
     if context is None:
@@ -308,6 +324,8 @@ async def open_publisher(
     async with AsyncExitStack() as cleanup:
         if own_context:
             cleanup.callback(context.term)
+        bound: list[str] = []  # its tcp endpoints, free again once the stack has closed them
+        cleanup.push_async_callback(_until_released, bound)
         watch = _watch_security(cleanup, context, security)
         buffer = ReplayBuffer(config.buffer_steps)
         queue, queued = trio.open_memory_channel[Queued](config.max_queue_size)
@@ -322,7 +340,10 @@ async def open_publisher(
         publisher = Publisher._create(
             config, dp_rank, queue, publishing, replaying, buffer, state, watch
         )
+        _remember_offset(publisher)
         binds = config.binds(endpoint)
+        bound.extend([publisher.endpoint] if binds else [])
+        bound.extend([publisher.replay_endpoint] if publisher.replay_endpoint else [])
         _announce(publisher, security is not None, binds)
         async with background_tasks() as nursery:
             watch.start(nursery)
@@ -340,17 +361,78 @@ async def open_publisher(
                 publisher._stop()
 
 
+async def _until_released(endpoints: list[str]) -> None:
+    """Wait (RELEASE_WAIT at most) until the tcp ports it bound can be bound again. ZeroMQ
+    closes a socket's listener in its own thread, a moment after close(): without this, a
+    publisher opened again on the same ports at once (a restart in the same process, a test)
+    finds them still taken."""
+    with trio.move_on_after(RELEASE_WAIT) as waiting:
+        waiting.shield = True  # it runs while the block unwinds, cancelled or not
+        for endpoint in endpoints:
+            while not _bindable(endpoint):  # noqa: ASYNC110 - the OS says, no event does
+                await trio.sleep(0.002)
+
+
+def _bindable(endpoint: str) -> bool:
+    """Whether a tcp endpoint's port is free to bind (as ZeroMQ binds it, SO_REUSEADDR set)."""
+    host = tcp_host(endpoint)
+    port = host_and_port(endpoint)[1]
+    if host is None or port is None or not port.isdigit():
+        return True  # ipc and inproc names are free once closed; a `*` port never was fixed
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("" if host in ("*", "0.0.0.0") else host, int(port)))
+        except OSError:
+            return False
+    return True
+
+
+def _warn_if_offset_twice(configured: str | None, offset: str | None, dp_rank: int) -> None:
+    """A restart given the endpoint a publisher of this rank reported (already offset) would
+    bind the next rank's port, where no subscriber looks: say so, naming the one to pass."""
+    earlier = _OFFSET_BOUND.get(configured or "")
+    if dp_rank and earlier is not None and earlier[1] == dp_rank:
+        logger.warning(
+            "endpoint %s is the one a publisher of rank %d bound here (configured as %s): with "
+            "dp_rank=%d it is offset again, to %s; to restart on the same ports, configure %s "
+            "(its configured_endpoint) with the same rank",
+            configured,
+            dp_rank,
+            earlier[0],
+            dp_rank,
+            offset,
+            earlier[0],
+        )
+
+
+def _remember_offset(publisher: Publisher) -> None:
+    if not publisher.dp_rank:
+        return
+    pairs = [(publisher.configured_endpoint, publisher.endpoint)]
+    if publisher.configured_replay_endpoint and publisher.replay_endpoint:
+        pairs.append((publisher.configured_replay_endpoint, publisher.replay_endpoint))
+    for configured, bound in pairs:
+        if configured != bound:
+            _OFFSET_BOUND[bound] = (configured, publisher.dp_rank)
+    while len(_OFFSET_BOUND) > OFFSET_BOUND_KEPT:
+        del _OFFSET_BOUND[next(iter(_OFFSET_BOUND))]
+
+
 def _announce(publisher: Publisher, encrypted: bool, binds: bool) -> None:
     """Log where it publishes; warn when clear text is open to other machines."""
     if not encrypted:
         exposed = [publisher.endpoint] + [e for e in [publisher.replay_endpoint] if e]
         warn_if_exposed(exposed, publisher.config.buffer_steps)
     logger.info(
-        "publishing KV events on %s (%s, replay: %s, rank %d, %s)",
+        "publishing KV events on %s (%s, replay: %s, rank %d, configured as %s and %s, %s)",
         publisher.endpoint,
         "bound" if binds else "connecting out",
         publisher.replay_endpoint,
         publisher.dp_rank,
+        publisher.configured_endpoint,
+        publisher.configured_replay_endpoint,
         "CURVE" if encrypted else "clear text",
     )
 
@@ -432,5 +514,6 @@ class _Sockets:
         )
         self._closed_after_its_monitor(router.close)
         reply_topic = self.config.layout.reply_topic
-        server = ReplayServer(buffer, self.config, reply_topic, trio.current_time, snapshot)
+        epoch = secrets.randbits(64)  # this incarnation's: a restart on the same ports says another
+        server = ReplayServer(buffer, self.config, reply_topic, trio.current_time, snapshot, epoch)
         return ReplayTask(router, address, server)

@@ -20,27 +20,30 @@ import trio
 import zmq
 
 from tskv.core import frames
-from tskv.core.codec import SEEN, WireError, decode_batch
-from tskv.core.config import MAX_MESSAGE_BYTES, SubscriberConfig
-from tskv.core.endpoints import check_endpoint, should_bind
-from tskv.core.events import KVEventBatch, UnknownEvent
-from tskv.core.losses import Loss, LossCounts, LossReason
-from tskv.core.sequencer import (
-    MAX_HELD,
-    MAX_SNAPSHOT_BYTES,
+from tskv.core.actions import (
     Action,
     Deliver,
     DeliverSnapshot,
     RequestReplay,
-    Sequencer,
     Silence,
     SnapshotTooLarge,
+    Synced,
 )
+from tskv.core.codec import SEEN, WireError, decode_batch
+from tskv.core.config import MAX_MESSAGE_BYTES, SubscriberConfig
+from tskv.core.delivery import MAX_SNAPSHOT_BYTES
+from tskv.core.endpoints import check_endpoint, should_bind
+from tskv.core.errors import HandshakeError
+from tskv.core.events import KVEventBatch
+from tskv.core.losses import Loss, LossCounts, LossReason
+from tskv.core.sequencer import MAX_HELD, Sequencer
 from tskv.curve.security import ClientSecurity
 from tskv.shells._background import Pacer, background_tasks
 from tskv.shells._constructor import NoPublicConstructor
 from tskv.shells._inbox import (
     BadFrames,
+    Connection,
+    HandshakeRefused,
     Inbound,
     Live,
     Quiet,
@@ -55,12 +58,12 @@ from tskv.shells._reachability import warn_if_unanswered
 from tskv.shells._replay_client import ReplayClient
 from tskv.shells._snapshot_parts import SnapshotParts
 from tskv.shells._trio_zmq import TrioSocket, attach
+from tskv.shells._unknown_events import UnknownEvents
 
 logger = logging.getLogger(__name__)
 
 INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
 LIVE_BURST = 64  # live messages taken off the socket in one go
-MAX_TYPES_LOGGED = 64  # unknown event types named in the log; a peer could invent any number
 SERVER_HINT = (
     "check that curve_server_key is this publisher's public key and that the publisher "
     "allows this subscriber's key (or speaks clear text if you gave no key)"
@@ -104,6 +107,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         monitors: list[SocketMonitor],
         replay: ReplayClient | None,
         on_silence: Callable[[bool], object] | None = None,
+        on_synced: Callable[[], object] | None = None,
     ) -> None:
         self.config = config  # the settings it runs with
         self.endpoint = endpoint  # as really bound, when the subscriber binds
@@ -114,7 +118,8 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._requests = requests
         self._on_loss = on_loss
         self._on_silence = on_silence
-        self._ready: deque[Deliver | DeliverSnapshot | Loss | Silence] = deque()
+        self._on_synced = on_synced
+        self._ready: deque[Deliver | DeliverSnapshot | Loss | Silence | Synced] = deque()
         self._bad_log = LogLimiter(interval=1.0)
         self._received = 0
         self._delivered = 0
@@ -122,8 +127,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._losses = LossCounts()
         self._snapshots = 0
         self._undecodable = 0
-        self._unknown_events = 0
-        self._unknown_types: set[str] = set()
+        self._unknown = UnknownEvents()
         self._replay_requests = 0
         self._probes = 0
         self._silences = 0
@@ -140,7 +144,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             losses=self._losses.losses,
             restarts=self._losses.restarts,
             undecodable=self._undecodable,
-            unknown_events=self._unknown_events,
+            unknown_events=self._unknown.count,
             replay_requests=self._replay_requests,
             replay_refusals=0 if self._replay is None else self._replay.refusals,
             held=len(self._sequencer.order.pending),
@@ -183,6 +187,10 @@ class Subscriber(metaclass=NoPublicConstructor):
                 if isinstance(item, Silence):
                     self._report_silence(item)
                     continue
+                if isinstance(item, Synced):
+                    if self._on_synced is not None:
+                        self._on_synced()
+                    continue
                 if isinstance(item, DeliverSnapshot):
                     return item.seq, self._snapshot_parts(item)
                 # Decoded only now, one at a time: a burst decoded ahead would keep thousands
@@ -196,7 +204,7 @@ class Subscriber(metaclass=NoPublicConstructor):
                     self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
                     continue
                 if SEEN.unknown_events != unknown:
-                    self._note_unknown(item.seq, batch)
+                    self._unknown.note(item.seq, batch)
                 self._delivered += 1
                 self._repaired += item.from_replay
                 if self._pacer.due():
@@ -210,29 +218,10 @@ class Subscriber(metaclass=NoPublicConstructor):
             if isinstance(inbound, Live):
                 for message in inbound.messages:
                     self._apply(self._take_live(message))
+            elif isinstance(inbound, HandshakeRefused):
+                raise HandshakeError(inbound.message)
             else:
                 self._apply(self._feed(inbound))
-
-    def _note_unknown(self, seq: int, batch: KVEventBatch) -> None:
-        """Count a batch's unknown events, and name each new type once in the log."""
-        for event in batch.events:
-            if not isinstance(event, UnknownEvent):
-                continue
-            self._unknown_events += 1
-            if event.type in self._unknown_types or len(self._unknown_types) > MAX_TYPES_LOGGED:
-                continue
-            self._unknown_types.add(event.type)
-            if len(self._unknown_types) > MAX_TYPES_LOGGED:
-                logger.warning(
-                    "more than %d unknown event types: no more are named", MAX_TYPES_LOGGED
-                )
-                continue
-            logger.warning(
-                "batch %d has an event of a type tskv does not know, %r: delivered as "
-                "tskv.UnknownEvent with its fields, and counted (logged once per type)",
-                seq,
-                event.type,
-            )
 
     def _snapshot_parts(self, item: DeliverSnapshot) -> SnapshotParts:
         """The snapshot's parts; once the last decodes, the batches it replaces are reported
@@ -261,7 +250,8 @@ class Subscriber(metaclass=NoPublicConstructor):
         return self._sequencer.live(seq, payload)
 
     def _feed(
-        self, inbound: Replayed | SnapshotPart | ReplayFailed | BadFrames | Quiet
+        self,
+        inbound: Replayed | SnapshotPart | ReplayFailed | BadFrames | Quiet | Connection,
     ) -> list[Action]:
         if isinstance(inbound, SnapshotPart):
             part = inbound.part
@@ -270,7 +260,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             )
         if isinstance(inbound, Replayed):
             if inbound.reply.is_end:
-                return self._sequencer.replay_ended(inbound.request_id)
+                return self._sequencer.replay_ended(inbound.request_id, inbound.reply.epoch)
             return self._sequencer.replayed(
                 inbound.request_id, inbound.reply.seq, inbound.reply.payload
             )
@@ -278,13 +268,17 @@ class Subscriber(metaclass=NoPublicConstructor):
             return self._sequencer.replay_failed(inbound.request_id, inbound.reason)
         if isinstance(inbound, Quiet):
             return self._sequencer.quiet()
+        if isinstance(inbound, Connection):
+            if inbound.up:
+                return self._sequencer.reconnected()
+            return self._sequencer.disconnected()
         self._undecodable += 1
         self._bad_log.warning("ignoring a message that is not a KV event batch: %s", inbound.error)
         return []
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, (Deliver, DeliverSnapshot, Loss, Silence)):
+            if isinstance(action, (Deliver, DeliverSnapshot, Loss, Silence, Synced)):
                 self._ready.append(action)
             elif isinstance(action, SnapshotTooLarge):
                 logger.warning(
@@ -298,16 +292,21 @@ class Subscriber(metaclass=NoPublicConstructor):
             else:
                 self._replay_requests += 1
                 self._probes += isinstance(action, RequestReplay) and action.probe
+                if self._replay is not None:
+                    self._replay.supersede()  # a new request replaces the one under way
                 self._requests.send_nowait(action)  # unbounded: at most one per gap or quiet
 
     def _report_silence(self, silence: Silence) -> None:
         if silence.silent:
             self._silences += 1
             logger.warning(
-                "the publisher on %s did not answer a probe of its quiet stream after seq %s: "
-                "it may be gone (its view is not to be trusted until it answers again)",
+                "the publisher on %s %s %s: it may be gone (its view is not to be trusted "
+                "until it answers again)",
                 self.endpoint,
-                silence.last_seq,
+                "dropped its connection" if silence.disconnected else "did not answer a probe",
+                "before its first batch"
+                if silence.last_seq is None
+                else f"after seq {silence.last_seq}",
             )
         else:
             logger.warning("the publisher on %s answers again", self.endpoint)
@@ -453,10 +452,12 @@ async def subscribe(
     *,
     on_loss: Callable[[Loss], object] | None = None,
     on_silence: Callable[[bool], object] | None = None,
+    on_synced: Callable[[], object] | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
 ) -> AsyncIterator[Subscriber]:
     """`open_subscriber` with its settings already made into a `SubscriberConfig` (the
-    watcher gives every worker's subscriber one)."""
+    watcher gives every worker's subscriber one). `on_synced()` is called when the stream,
+    read from its start, turns out to hold nothing (the publisher's cache is empty)."""
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
@@ -474,8 +475,8 @@ async def subscribe(
     first_actions = sequencer.start()
     context = context or zmq.Context.instance()
     binds = should_bind(endpoint, subscriber=True)
-    sub, monitor, address = _open_sub(context, endpoint, binds, config, security)
     inbox_send, inbox_receive = trio.open_memory_channel[Inbound](INBOX_SIZE)
+    sub, monitor, address = _open_sub(context, endpoint, binds, config, security, inbox_send)
     requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
     replay: ReplayClient | None = None
     try:
@@ -483,7 +484,7 @@ async def subscribe(
             replay = _replay_client(context, replay_endpoint, config, inbox_send, security)
         subscriber = Subscriber._create(
             config, sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay,
-            on_silence,
+            on_silence, on_synced,
         )  # fmt: skip
         heard = _LastHeard(trio.current_time())
         subscriber._apply(first_actions)
@@ -512,6 +513,7 @@ def _open_sub(
     binds: bool,
     config: SubscriberConfig,
     security: ClientSecurity | None,
+    inbox: trio.MemorySendChannel[Inbound],
 ) -> tuple[TrioSocket, SocketMonitor, str]:
     """The SUB socket, subscribed and attached, with its monitor and its real address."""
     sock = context.socket(zmq.SUB)
@@ -528,6 +530,7 @@ def _open_sub(
             reattach=None if binds else endpoint,  # a publisher that connects retries itself
             dropped_hint=f"a batch over max_message_bytes = {config.max_message_bytes} does "
             "this, or a peer that does not speak ZeroMQ",
+            inbox=None if binds else inbox,  # a bound SUB's peers come and go on their own
         )
         address = attach(sock, endpoint, bind=binds)
     except BaseException:
