@@ -44,7 +44,7 @@ def _decisions(requests: list[TraceRequest], workers: int, predict: bool) -> dic
         match = index.match(tokens)
         matched = time.perf_counter()
         queued: dict[Worker, float] = {rank: w.queued(now) for rank, w in enumerate(fleet)}
-        worker = policy.choose(match, len(tokens), BLOCK, queued).worker
+        worker = policy.choose(match, len(tokens), queued, workers=queued).worker
         if predict:
             index.predict(worker, tokens, 10.0)
         decided = time.perf_counter()

@@ -28,10 +28,10 @@ class Router:
 
     def route(self, token_ids: list[int]) -> tskv.Choice:
         """The worker to send a request to, and how many of its tokens are cached there."""
-        match = self.index.match(token_ids)  # stale workers are passed over by the policy
-        queued = {worker: self.queued.get(worker, 0.0) for worker in self.watcher.workers}
-        choice = self.policy.choose(match, len(token_ids), self.index.block_size, queued)
-        self.queued[choice.worker] = queued[choice.worker] + len(token_ids) - choice.cached_tokens
+        match = self.index.match(token_ids)  # every worker watched; the stale ones passed over
+        choice = self.policy.choose(match, len(token_ids), self.queued)  # missing: idle
+        to_prefill = len(token_ids) - choice.cached_tokens
+        self.queued[choice.worker] = self.queued.get(choice.worker, 0.0) + to_prefill
         # Its blocks will be there soon: siblings arriving before the BlockStored follow it.
         self.index.predict(choice.worker, token_ids, self.predicted_ttl)
         return choice
@@ -41,9 +41,15 @@ class Router:
         self.queued[choice.worker] -= len(token_ids) - choice.cached_tokens
 
 
+def turned(worker: object, status: tskv.WorkerStatus) -> None:
+    """A worker turned stale or current, went silent or came back: the policy already knows."""
+    state = "silent" if status.silent else "stale" if status.stale else "current"
+    print(f"{worker} is {state}", flush=True)
+
+
 async def main(endpoints: list[str]) -> None:
     index = tskv.PrefixIndex(block_size=16)
-    async with tskv.open_watcher(index) as watcher:
+    async with tskv.open_watcher(index, on_status=turned) as watcher:
         pairs = zip(endpoints[::2], endpoints[1::2], strict=True)
         for rank, (endpoint, replay) in enumerate(pairs):
             watcher.add(("worker", rank), endpoint, replay)

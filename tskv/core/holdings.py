@@ -115,6 +115,7 @@ class Holdings:
         self.block_size = block_size
         self.holders: dict[int, int] = {}  # key -> bit mask of the workers holding it
         self.views: dict[Worker, WorkerBlocks] = {}
+        self.known: tuple[Worker, ...] = ()  # the views' workers, made again when one comes or goes
         self.bits = _Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridView
         self.predictions = predictions  # a real block replaces its prediction
@@ -126,6 +127,7 @@ class Holdings:
         view = self.views.get(worker)
         if view is None:
             view = self.views[worker] = WorkerBlocks(self.bits.take(worker))
+            self.known = tuple(self.views)
         return view
 
     def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
@@ -240,6 +242,7 @@ class Holdings:
         view = self.views.pop(worker, None)
         if view is None:
             return None
+        self.known = tuple(self.views)
         self.hybrids.pop(worker, None)
         self.clear(view)
         if self.journal is not None:

@@ -53,9 +53,11 @@ class Match(dict[Worker, int]):
     known to be incomplete right now, whose counts a router should not trust; `predicted`: for
     workers whose count includes blocks only predicted (`PrefixIndex.predict`), how many of them
     are; `lower`: for workers whose count includes blocks held only in lower tiers (CPU, disk:
-    loaded before they are reused), how many of them are; `block_size`: tokens a block."""
+    loaded before they are reused), how many of them are; `block_size`: tokens a block;
+    `workers`: every worker the index knew when it answered (holding blocks or not), which a
+    policy chooses among."""
 
-    __slots__ = ("block_size", "lower", "predicted", "stale")
+    __slots__ = ("block_size", "lower", "predicted", "stale", "workers")
 
     def __init__(
         self,
@@ -64,12 +66,16 @@ class Match(dict[Worker, int]):
         predicted: dict[Worker, int] | None = None,
         lower: dict[Worker, int] | None = None,
         block_size: int | None = None,
+        workers: tuple[Worker, ...] | None = None,
     ) -> None:
         super().__init__(counts)
         self.stale = stale
         self.predicted = {} if predicted is None else predicted
         self.lower = {} if lower is None else lower
         self.block_size = block_size
+        self.workers = (
+            (*counts, *(w for w in stale if w not in counts)) if workers is None else workers
+        )
 
     def on_device(self, worker: Worker) -> int:
         """How many of `worker`'s leading blocks its engine holds on the device itself."""
@@ -386,13 +392,14 @@ class PrefixIndex:
         if self._predictions.masks:
             self._predictions.expire()
         if not self._predictions.masks:  # the usual case: one walk, on the real blocks only
-            return Match(real, frozenset(self._stale), None, lower, size)
+            return Match(real, frozenset(self._stale), None, lower, size, self._holdings.known)
         either = _either(self._holdings.holders.get, self._predictions.masks.get)
         counts = {**real}
         for worker, count in _leading_counts(either, *request, *answer).items():
             counts[worker] = max(count, real.get(worker, 0))
         predicted = {w: n - real.get(w, 0) for w, n in counts.items() if n > real.get(w, 0)}
-        return Match(counts, frozenset(self._stale), predicted, lower, size)
+        known = self._holdings.known
+        return Match(counts, frozenset(self._stale), predicted, lower, size, known)
 
     def predict(
         self,

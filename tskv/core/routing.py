@@ -1,8 +1,9 @@
 """Choosing a worker for a request, from what the prefix index says and how busy each worker is.
 
-Every policy is a class with one method, `choose(match, prompt_tokens, block_size, queued,
-workers=None) -> Choice`: the index's answer for the request, its length, and the work queued on
-each worker. `LoadAwarePolicy` is the one to route with. Longest prefix first
+Every policy is a class with one method, `choose(match, prompt_tokens, queued=None,
+workers=None) -> Choice`: the index's answer for the request (which carries the block size and
+every worker the index knows), the request's length, and the work queued on each worker (a
+worker missing from it is idle). `LoadAwarePolicy` is the one to route with. Longest prefix first
 (`LongestPrefixPolicy`) is not enough on its own: when many requests share their first blocks
 (a system prompt), whoever holds them wins every time and one worker gets all the traffic. The
 load-aware cost of sending a request to a worker is what it would take that worker to get to the
@@ -21,8 +22,10 @@ from typing import Protocol
 import attrs
 
 from tskv.core._checks import at_least
-from tskv.core.errors import ConfigError
+from tskv.core.errors import ConfigError, TskvTypeError, TskvValueError
 from tskv.core.prefix_index import Match, Worker
+
+Queued = Mapping[Worker, float]
 
 
 @attrs.frozen
@@ -41,24 +44,64 @@ class Policy(Protocol):
         self,
         match: Match,
         prompt_tokens: int,
-        block_size: int,
-        queued: Mapping[Worker, float],
+        queued: Queued | None = None,
         workers: Iterable[Worker] | None = None,
     ) -> Choice:
-        """One of `workers` (default: those in `queued`) for a prompt of `prompt_tokens`
-        tokens; `match` is the index's answer for it, `queued[w]` the work, in tokens, waiting
-        on worker w (missing: none)."""
+        """A worker for a prompt of `prompt_tokens` tokens: one the index knows (`match.workers`)
+        or one of `workers` (those it does not know yet, say); `match` is the index's answer for
+        the prompt, `queued[w]` the work, in tokens, waiting on worker w (missing: none)."""
         ...
 
 
-def candidates(
-    match: Match, queued: Mapping[Worker, float], workers: Iterable[Worker] | None
-) -> list[Worker]:
-    """The workers a policy chooses among, in order: the trusted ones, or every one if none is."""
-    given = list(queued if workers is None else workers)
-    if not given:
-        raise ConfigError("no worker to route to: give the workers (or their queued work)")
-    return [worker for worker in given if worker not in match.stale] or given
+def candidates(match: Match, workers: Iterable[Worker] | None = None) -> list[Worker]:
+    """The workers a policy chooses among, in order: the index's and then those given, the
+    trusted ones only if any is. Raises TskvValueError when there are none."""
+    pool = list(match.workers)
+    if workers is not None:
+        if isinstance(workers, (str, bytes)) or not isinstance(workers, Iterable):
+            raise TskvTypeError(
+                f"workers = {workers!r:.60} must be an iterable of workers (e.g. a list)"
+            )
+        known = set(pool)
+        for worker in workers:
+            if worker not in known:
+                known.add(worker)
+                pool.append(worker)
+    if not pool:
+        raise TskvValueError(
+            "no worker to route to: the index knows none and none was given; add workers to "
+            "the watcher (or apply their events to the index), or pass workers=[...]"
+        )
+    return [worker for worker in pool if worker not in match.stale] or pool
+
+
+def _checked(match: Match, prompt_tokens: int, queued: Queued | None) -> tuple[int, Queued]:
+    """The block size to count tokens with, and the queued work (none given: all idle), or a
+    TskvError saying what to pass instead."""
+    if not isinstance(match, Match):
+        raise TskvTypeError(
+            f"match = {match!r:.60} must be the Match that PrefixIndex.match returns"
+        )
+    if match.block_size is None:
+        raise TskvValueError(
+            "this Match does not say its block size: use the one PrefixIndex.match returns, "
+            "or make it with Match(counts, stale, block_size=...)"
+        )
+    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 0:
+        raise TskvValueError(
+            f"prompt_tokens = {prompt_tokens!r:.60} must be the prompt's length in tokens (an "
+            "int >= 0)"
+        )
+    if queued is None:
+        return match.block_size, {}
+    if not isinstance(queued, Mapping):
+        hint = ""
+        if isinstance(queued, int):  # choose(match, tokens, block_size, queued): the old call
+            hint = "; the block size now comes from the Match: choose(match, tokens, queued)"
+        raise TskvTypeError(
+            f"queued = {queued!r:.60} must map each worker to its queued tokens{hint}"
+        )
+    return match.block_size, queued
 
 
 def _cached(match: Match, worker: Worker, prompt_tokens: int, block_size: int) -> int:
@@ -83,14 +126,15 @@ class LoadAwarePolicy:
         self,
         match: Match,
         prompt_tokens: int,
-        block_size: int,
-        queued: Mapping[Worker, float],
+        queued: Queued | None = None,
         workers: Iterable[Worker] | None = None,
     ) -> Choice:
         """The cheapest worker (`Policy.choose`). Ties go to the least loaded, then to the
-        first given. Raises ConfigError when there is no worker to choose from."""
+        first in `candidates`' order. Raises TskvValueError when there is no worker to choose
+        from, TskvTypeError for arguments of the wrong kind (each naming the fix)."""
+        block_size, queued = _checked(match, prompt_tokens, queued)
         best: tuple[float, float, int, Worker, int] | None = None
-        for order, worker in enumerate(candidates(match, queued, workers)):
+        for order, worker in enumerate(candidates(match, workers)):
             cached = _cached(match, worker, prompt_tokens, block_size)
             lower = min(match.lower.get(worker, 0) * block_size, cached)
             load = queued.get(worker, 0.0)
@@ -113,10 +157,10 @@ class LongestPrefixPolicy:
         self,
         match: Match,
         prompt_tokens: int,
-        block_size: int,
-        queued: Mapping[Worker, float],
+        queued: Queued | None = None,
         workers: Iterable[Worker] | None = None,
     ) -> Choice:
+        block_size, queued = _checked(match, prompt_tokens, queued)
         ranked = [
             (
                 -_cached(match, worker, prompt_tokens, block_size),
@@ -124,7 +168,7 @@ class LongestPrefixPolicy:
                 order,
                 worker,
             )
-            for order, worker in enumerate(candidates(match, queued, workers))
+            for order, worker in enumerate(candidates(match, workers))
         ]
         held, _, _, worker = min(ranked)
         return Choice(worker, -held, float(prompt_tokens + held))
@@ -140,11 +184,11 @@ class RoundRobinPolicy:
         self,
         match: Match,
         prompt_tokens: int,
-        block_size: int,
-        queued: Mapping[Worker, float],
+        queued: Queued | None = None,
         workers: Iterable[Worker] | None = None,
     ) -> Choice:
-        pool = candidates(match, queued, workers)
+        block_size, _ = _checked(match, prompt_tokens, queued)
+        pool = candidates(match, workers)
         worker = pool[self._turn % len(pool)]
         self._turn += 1
         return Choice(worker, _cached(match, worker, prompt_tokens, block_size), 0.0)
@@ -164,9 +208,9 @@ class RandomPolicy:
         self,
         match: Match,
         prompt_tokens: int,
-        block_size: int,
-        queued: Mapping[Worker, float],
+        queued: Queued | None = None,
         workers: Iterable[Worker] | None = None,
     ) -> Choice:
-        worker = self._draw.choice(candidates(match, queued, workers))
+        block_size, _ = _checked(match, prompt_tokens, queued)
+        worker = self._draw.choice(candidates(match, workers))
         return Choice(worker, _cached(match, worker, prompt_tokens, block_size), 0.0)

@@ -2,14 +2,15 @@
 made here from what happened to that worker's view, without I/O.
 
 A view is whole when the index holds the worker's whole cache: it followed the stream from its
-seq 0, or applied a cache reset (a snapshot starts with one), or the worker's own user said so
-(`PrefixIndex.mark_current`). It is stale, and a router should not route on it, from the moment
-a watcher starts following the worker until then; after a loss (a restart also clears it: the
-restarted engine's cache starts empty); while a snapshot's parts are being applied (a query must
-not trust a half-restored view); and while its publisher is silent, until it answers with
-nothing lost meanwhile. The index keeps one `WorkerView` per worker and carries out the changes
-its methods return (`PrefixIndex.carry_out`); the watcher's followers and the snapshot path
-only report what happened.
+seq 0, or applied a cache reset (a snapshot starts with one), or learnt that the stream, from
+its start, holds nothing yet (a restarted engine that has published nothing), or the worker's
+own user said so (`PrefixIndex.mark_current`). It is stale, and a router should not route on
+it, from the moment a watcher starts following the worker until then; after a loss (a restart
+also clears it: the restarted engine's cache starts empty); while a snapshot's parts are being
+applied (a query must not trust a half-restored view); and while its publisher is silent,
+until it answers with nothing lost meanwhile. The index keeps one `WorkerView` per worker and
+carries out the changes its methods return (`PrefixIndex.carry_out`); the watcher's followers
+and the snapshot path only report what happened.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ class WorkerView:
             return NOTHING
         self.from_start = False
         return self._becomes(False) if seq == 0 else NOTHING
+
+    def synced(self) -> Changes:
+        """The worker's stream, read from its start, has published nothing: its cache is empty,
+        so the view is whole once what the index held of it is forgotten."""
+        self.from_start = True  # its first batch will be its seq 0
+        self.stale_for_silence = False
+        return (ViewChange.CLEAR, *self._becomes(False))
 
     def snapshot_begins(self) -> Changes:
         """A snapshot's parts are about to be applied: stale until the last is in, whatever

@@ -73,6 +73,9 @@ class Record(Protocol):
 
     def silence(self, worker: Worker, silent: bool) -> None: ...
 
+    def synced(self, worker: Worker) -> None:
+        """Its stream, read from its start, holds nothing: its cache is known to be empty."""
+
     def failed(self, worker: Worker, error: str, retry_in: float) -> None: ...
 
     def resubscribed(self, worker: Worker) -> None: ...
@@ -101,11 +104,21 @@ async def follow(
             bootstraps.done(turn)
             record.silence(worker, silent)
 
+        def synced(turn: object = turn) -> None:
+            bootstraps.done(turn)
+            record.synced(worker)
+
         try:
             if config.start_seq == "snapshot":
                 await bootstraps.take(turn, 2 * config.replay_timeout)
             async with subscribe(
-                endpoint, replay_endpoint, config, on_loss=lost, on_silence=silence, context=context
+                endpoint,
+                replay_endpoint,
+                config,
+                on_loss=lost,
+                on_silence=silence,
+                on_synced=synced,
+                context=context,
             ) as sub:
                 while (delivery := await sub._next_delivery()) is not None:
                     bootstraps.done(turn)

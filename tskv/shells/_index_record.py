@@ -15,7 +15,7 @@ from typing import Protocol
 import attrs
 
 from tskv.core.events import KVEventBatch
-from tskv.core.losses import Loss
+from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.worker_view import Changes, WorkerFigures
 from tskv.shells._snapshot_parts import SnapshotParts
@@ -123,11 +123,22 @@ class IndexRecord:
             return
         view = self.index.worker_view(worker)
         self._tell(worker, view.lost(loss))
-        figures = watched.figures
-        watched.update(attrs.evolve(figures, losses=figures.losses + 1, stale=view.stale))
+        figures = attrs.evolve(watched.figures, losses=watched.figures.losses + 1, stale=view.stale)
+        if loss.reason is LossReason.RESTART:  # a new sequence: its seqs start again
+            figures = attrs.evolve(figures, last_seq=None)
+        watched.update(figures)
         if self._on_loss is not None:
             self._on_loss(worker, loss)
         self._note(worker, watched, loss=loss)
+
+    def synced(self, worker: Worker) -> None:
+        watched = self._roster.get(worker)
+        if watched is None:
+            return
+        view = self.index.worker_view(worker)
+        self._tell(worker, view.synced())
+        watched.update(attrs.evolve(watched.figures, stale=view.stale))
+        self._note(worker, watched)
 
     def silence(self, worker: Worker, silent: bool) -> None:
         watched = self._roster.get(worker)

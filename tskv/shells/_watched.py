@@ -4,6 +4,7 @@ its figures, the index record (or the mirror of its reader process) keeps them c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -22,11 +23,15 @@ class Watched:
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # its follower's, here
     figures: WorkerFigures = attrs.Factory(WorkerFigures)
     changed: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+    on_turn: Callable[[], object] | None = None  # told when it turns stale, current, silent, back
 
     def update(self, figures: WorkerFigures) -> None:
-        """New figures: whoever waits on this worker looks again."""
-        self.figures = figures
+        """New figures: whoever waits on this worker looks again, and a turn is told."""
+        before, self.figures = self.figures, figures
         self.changed.unpark_all()
+        turned = before.stale != figures.stale or before.silent != figures.silent
+        if turned and self.on_turn is not None:
+            self.on_turn()
 
 
 Roster = dict[Worker, Watched]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, final
 
 import attrs
@@ -51,9 +52,15 @@ class WorkerStatus(WorkerFigures):
     config: SubscriberConfig = attrs.Factory(SubscriberConfig)  # its subscriber's settings
 
 
+QUIET_INTERVAL = 1.0  # a watched worker's quiet stream is probed this often: dead in 2 s
+REPLAY_TIMEOUT = 2.0  # and a repair it stops answering is given up (the worker stale) as soon
+OnStatus = Callable[[Worker, WorkerStatus], object]
+
+
 @final
 class Watcher(metaclass=NoPublicConstructor):
-    """What `open_watcher` yields: add and remove workers while it runs."""
+    """What `open_watcher` yields: add and remove workers while it runs, and ask how each is
+    doing."""
 
     def __init__(
         self,
@@ -64,8 +71,10 @@ class Watcher(metaclass=NoPublicConstructor):
         context: zmq.Context[zmq.Socket[bytes]] | None,
         snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
         listener: Listener | None = None,
+        on_status: OnStatus | None = None,
     ) -> None:
         self.index = index
+        self._on_status = on_status
         self._nursery = nursery
         self.config = config  # every worker's subscriber settings, less what `add` changes
         self._context = context
@@ -99,6 +108,8 @@ class Watcher(metaclass=NoPublicConstructor):
             )
         self._slots += 1
         watched = Watched(endpoint, replay_endpoint, config, self._slots)
+        if self._on_status is not None:
+            watched.on_turn = partial(self._turned, worker, watched)
         self._roster[worker] = watched
         self.index.carry_out(worker, self.index.worker_view(worker).watched())
         if self._readers:
@@ -111,19 +122,22 @@ class Watcher(metaclass=NoPublicConstructor):
             self._nursery.start_soon(self._follow_here, worker, watched)
 
     def remove(self, worker: Worker) -> None:
-        """Stop following `worker` and drop it from the index."""
-        watched = self._roster.pop(worker, None)
-        if watched is not None:
-            watched.scope.cancel()
-            watched.changed.unpark_all()  # its waiters learn it is gone
-            for reader in self._readers:
-                reader.remove(watched.slot)
-            self._mirror.forget(worker)
+        """Stop following `worker` and drop it from the index. Raises `TskvLookupError` (a
+        KeyError) for a worker not watched, naming those that are."""
+        watched = self._watched(worker)
+        del self._roster[worker]
+        watched.scope.cancel()
+        watched.changed.unpark_all()  # its waiters learn it is gone
+        for reader in self._readers:
+            reader.remove(watched.slot)
+        self._mirror.forget(worker)
         self.index.remove_worker(worker)
 
     def status(self, worker: Worker) -> WorkerStatus:
-        """How `worker` is doing now: its figures, where it publishes, its settings."""
-        watched = self._roster[worker]
+        """How `worker` is doing now: its figures (batches, losses, failures, the last error,
+        the last seq applied, `silent`, `stale`), where it publishes and its subscriber's
+        settings. Raises `TskvLookupError` for a worker not watched."""
+        watched = self._watched(worker)
         return WorkerStatus(
             **attrs.asdict(watched.figures, recurse=False),
             endpoint=watched.endpoint,
@@ -131,8 +145,24 @@ class Watcher(metaclass=NoPublicConstructor):
             config=watched.config,
         )
 
+    def _watched(self, worker: Worker) -> Watched:
+        watched = self._roster.get(worker)
+        if watched is None:
+            known = ", ".join(repr(worker) for worker in list(self._roster)[:20]) or "none"
+            more = f" and {len(self._roster) - 20} more" if len(self._roster) > 20 else ""
+            raise TskvLookupError(
+                f"worker {worker!r} is not watched (watched: {known}{more}); add it first"
+            )
+        return watched
+
+    def _turned(self, worker: Worker, watched: Watched) -> None:
+        """`worker` turned stale, current, silent or back: its `on_status` is told."""
+        if self._roster.get(worker) is watched and self._on_status is not None:
+            self._on_status(worker, self.status(worker))
+
     @property
     def workers(self) -> list[Worker]:
+        """The workers watched now, in the order they were added."""
         return list(self._roster)
 
     @property
@@ -159,7 +189,7 @@ class Watcher(metaclass=NoPublicConstructor):
         await self._wait(worker, lambda f: f.failures >= count)
 
     async def _wait(self, worker: Worker, done: Callable[[WorkerFigures], bool]) -> None:
-        watched = self._roster[worker]  # a KeyError names a worker never added
+        watched = self._watched(worker)
         while not done(watched.figures):
             await watched.changed.park()  # woken by this worker's news only
             if self._roster.get(worker) is not watched:
@@ -174,7 +204,7 @@ class Watcher(metaclass=NoPublicConstructor):
     async def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
         reader process, which keeps them, when there is one)."""
-        watched = self._roster[worker]  # a KeyError names a worker never added
+        watched = self._watched(worker)
         for reader in self._readers:
             if watched.slot in reader.wanted:
                 return await reader.engine_hashes(watched.slot)
@@ -203,6 +233,7 @@ async def open_watcher(
     index: PrefixIndex,
     *,
     on_loss: Callable[[Worker, Loss], object] | None = None,
+    on_status: OnStatus | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     processes: int = 0,
     snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
@@ -215,6 +246,9 @@ async def open_watcher(
       index: the `PrefixIndex` to keep current; each worker's view is marked stale while it
         cannot be vouched for.
       on_loss: called as `on_loss(worker, loss)` for every loss report.
+      on_status: called as `on_status(worker, status)` (a `WorkerStatus`) whenever a worker
+        turns stale or current, goes silent or answers again: a router that keeps its own
+        list of workers to route to updates it here instead of polling `status`.
       context: the ZeroMQ context every worker's subscriber uses (none with `processes`).
       processes: follow the workers in this many reader processes, which receive, sequence,
         decode and hash every batch and send the index's process only what it applies; 0 (the
@@ -225,14 +259,18 @@ async def open_watcher(
       **subscriber_settings: `SubscriberConfig` settings for every worker's subscriber (e.g.
         `replay_timeout`, `quiet_interval`, the CURVE keys); `Watcher.add` may change them for
         one worker. The watcher starts each worker from its snapshot itself (`start_seq`) and
-        sets `on_loss` and `on_silence` itself.
+        sets `on_loss` and `on_silence` itself. Its `quiet_interval` is 1 s and its
+        `replay_timeout` 2 s unless given (a subscriber's are 2 s and 5 s): a worker that hangs
+        or is cut off is silent (or, in the middle of a repair, stale) within 2 s, one that
+        exits at once.
 
     Raises:
       TypeError: a setting that is not a subscriber setting (the closest one is named), or one
         the watcher sets itself; a `context` given with `processes`.
       ConfigError: a setting out of range (a ValueError).
     """
-    config = _changed(SubscriberConfig(), subscriber_settings)
+    defaults = SubscriberConfig(quiet_interval=QUIET_INTERVAL, replay_timeout=REPLAY_TIMEOUT)
+    config = _changed(defaults, subscriber_settings)
     int_at_least("processes", processes, 0, ConfigError)
     if processes and context is not None:
         raise TskvTypeError(
@@ -242,7 +280,13 @@ async def open_watcher(
     if processes and sys.platform == "win32":
         raise ConfigError(f"processes = {processes}: reader processes need POSIX; use 0 on Windows")
     async with watch(
-        index, config, on_loss, context, processes, snapshots_at_once=snapshots_at_once
+        index,
+        config,
+        on_loss,
+        context,
+        processes,
+        snapshots_at_once=snapshots_at_once,
+        on_status=on_status,
     ) as watcher:
         yield watcher
 
@@ -257,13 +301,14 @@ async def watch(
     *,
     snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
     listener: Listener | None = None,
+    on_status: OnStatus | None = None,
 ) -> AsyncIterator[Watcher]:
     """`open_watcher` with its settings checked; a reader process's own watcher gives its
     record a `listener` (its outbox)."""
     int_at_least("snapshots_at_once", snapshots_at_once, 1, ConfigError)
     async with background_tasks() as nursery:
         watcher = Watcher._create(
-            index, nursery, on_loss, config, context, snapshots_at_once, listener
+            index, nursery, on_loss, config, context, snapshots_at_once, listener, on_status
         )
         for _ in range(processes):
             reader = Reader(watcher._mirror, index.block_size, snapshots_at_once)

@@ -128,7 +128,7 @@ async def run_policy(policy: str, options: RoutingOptions) -> PolicyResult:
             result.stale_answers += bool(match.stale)
             queued: dict[Worker, float] = {w: _outstanding(sim) for w, sim in enumerate(sims)}
             prompt = len(request.prompt_ids)
-            rank = router.choose(match, prompt, options.block_size, queued).worker
+            rank = router.choose(match, prompt, queued, workers=queued).worker
             assert isinstance(rank, int)
             return rank
 

@@ -273,7 +273,7 @@ def _choose(
 ) -> int:
     match = index.match(tokens)
     result.stale_answers += bool(match.stale)
-    chosen = router.choose(match, len(tokens), index.block_size, queued).worker
+    chosen = router.choose(match, len(tokens), queued, workers=queued).worker
     assert isinstance(chosen, int)
     return chosen
 
