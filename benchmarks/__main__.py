@@ -48,6 +48,7 @@ SECTIONS = [
     "index",
     "fleet",
     "routing",
+    "failures",
 ]
 
 
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.index import fleet_section
 
         fleet_section(out)
+    if "failures" in sections:
+        from benchmarks.failures import failures_section
+
+        failures_section(out)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")
     return 0
 
