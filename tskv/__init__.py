@@ -8,6 +8,8 @@ from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    EventBatch,
+    KVCacheEvent,
     KVEvent,
     KVEventBatch,
     MMKey,
@@ -29,6 +31,7 @@ from tskv.core.scheduler import (
     drain_scheduler_kv_events,
     foreign_event_to_wire_event,
     scheduler_kv_event_to_wire_event,
+    scheduler_kv_events_to_wire_events,
 )
 from tskv.curve.key_files import KeyFileError
 from tskv.shells.publisher import (
@@ -55,9 +58,11 @@ __all__ = [
     "Choice",
     "ConfigError",
     "EndpointError",
+    "EventBatch",
     "EventPublisher",
     "EventPublisherFactory",
     "HandshakeError",
+    "KVCacheEvent",
     "KVEvent",
     "KVEventBatch",
     "KVEventsConfig",
@@ -98,6 +103,7 @@ __all__ = [
     "open_subscriber",
     "open_watcher",
     "scheduler_kv_event_to_wire_event",
+    "scheduler_kv_events_to_wire_events",
 ]
 
 __version__ = "0.1.0"

@@ -10,11 +10,13 @@ wheel's one file is executed as a module of its own; nothing of it is kept in th
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from typing import Any
 
 import pytest
@@ -207,6 +209,60 @@ def test_tokenspeeds_names_are_all_there_and_mean_the_same() -> None:
     for factory in (tskv.EventPublisherFactory, TS.EventPublisherFactory):
         with pytest.raises(KeyError):
             factory.register_publisher("zmq", tskv.NullEventPublisher)
+
+
+def test_every_public_name_of_tokenspeeds_module_is_in_tskv() -> None:
+    """The names TokenSpeed's module defines (not those it imports), walked in its wheel's
+    file, each found in tskv; and what its event loop imports from it."""
+    defined = [
+        name
+        for name, value in vars(TS).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == TS.__name__
+    ]
+    assert {"EventBatch", "KVCacheEvent", "scheduler_kv_events_to_wire_events"} <= set(defined)
+    assert [name for name in defined if not hasattr(tskv, name)] == []
+    wheel = zipfile.ZipFile(os.environ["TSKV_TOKENSPEED_WHEEL"])
+    loop = ast.parse(wheel.read("tokenspeed/runtime/engine/event_loop.py"))
+    imported = [
+        alias.name
+        for node in ast.walk(loop)
+        if isinstance(node, ast.ImportFrom) and node.module == "tokenspeed.runtime.pd.kv_events"
+        for alias in node.names
+    ]
+    assert "scheduler_kv_events_to_wire_events" in imported
+    assert [name for name in imported if not hasattr(tskv, name)] == []
+
+
+def test_the_names_added_for_the_drop_in_mean_what_tokenspeeds_do() -> None:
+    class Native:  # what TokenSpeed's C++ scheduler binding hands over
+        def __init__(self, kind: str, **fields: Any) -> None:
+            self.kind = kind
+            self.__dict__.update(fields)
+
+    drained = [
+        Native(
+            "BlockStored",
+            block_hashes=[1, 2],
+            parent_block_hash=None,
+            token_ids=[5] * 8,
+            block_size=4,
+        ),
+        Native("BlockRemoved", block_hashes=[1]),
+    ]
+    ours = tskv.scheduler_kv_events_to_wire_events(drained)
+    theirs = TS.scheduler_kv_events_to_wire_events(drained)
+    batch = tskv.encode_batch(tskv.EventBatch(ts=1.0, events=ours, attn_dp_rank=0))
+    assert batch == TS.msgspec.msgpack.encode(
+        TS.KVEventBatch(ts=1.0, events=theirs, attn_dp_rank=0)
+    )
+    assert all(isinstance(event, tskv.KVCacheEvent) for event in ours)
+    assert all(isinstance(event, TS.KVCacheEvent) for event in theirs)
+    assert not isinstance(object(), tskv.KVCacheEvent)
+    assert isinstance(tskv.KVEventBatch(1.0, []), tskv.EventBatch)
+    with pytest.raises(TypeError):
+        TS.scheduler_kv_events_to_wire_events([Native("Other")])
+    with pytest.raises(TypeError):
+        tskv.scheduler_kv_events_to_wire_events([Native("Other")])
 
 
 def test_a_registered_publisher_is_built_by_name() -> None:

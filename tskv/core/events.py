@@ -11,6 +11,7 @@ everything, always.
 
 from __future__ import annotations
 
+import abc
 import math
 import sys
 import typing
@@ -294,6 +295,18 @@ class KVEventBatch:
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             wrong: type[TskvError] = TskvValueError if isinstance(rank, int) else TskvTypeError
             raise wrong(f"attn_dp_rank = {rank!r} must be a non-negative int (a rank) or None")
+
+
+class KVCacheEvent(abc.ABC):  # noqa: B024 - a name to test against, nothing to implement
+    """What every KV cache event is, for `isinstance` (TokenSpeed's name for their base
+    class): `BlockStored`, `BlockRemoved`, `AllBlocksCleared` and `UnknownEvent` are
+    registered as its subclasses."""
+
+
+for _event_type in EVENT_TYPES:
+    KVCacheEvent.register(_event_type)
+
+EventBatch = KVEventBatch  # TokenSpeed's name for the batch its KVEventBatch refines
 
 
 def not_an_event(where: str, value: object) -> TskvTypeError:

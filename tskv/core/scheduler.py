@@ -3,6 +3,7 @@ and from another publisher's event objects (TokenSpeed's Structs: tagged, same f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from tskv.core.errors import TskvRuntimeError, TskvTypeError
@@ -69,6 +70,12 @@ def scheduler_kv_event_to_wire_event(event: Any) -> KVEvent:
         f"unknown scheduler KV event kind {kind!r} on {type(event).__name__}; tskv knows "
         "BlockStored, BlockRemoved and AllBlocksCleared"
     )
+
+
+def scheduler_kv_events_to_wire_events(events: Iterable[Any]) -> list[KVEvent]:
+    """`scheduler_kv_event_to_wire_event` of each, in order (TokenSpeed's event loop calls this
+    on what it drained)."""
+    return [scheduler_kv_event_to_wire_event(event) for event in events]
 
 
 def drain_scheduler_kv_events(scheduler: Any, enabled: bool) -> list[Any]:
