@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+pytest_plugins = ["pytester"]  # the plugin's own failures are tested in a project of their own
+
 VECTORS = Path(__file__).resolve().parent / "vectors"
 
 # A shell starts a background job with Ctrl-C ignored, and an ignored signal stays ignored in

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,70 @@ def test_a_class_only_its_opener_makes_names_that_opener(cls: type, opener: str)
         match=rf"tskv\.{cls.__name__} has no public constructor; use `async with tskv\.{opener}",
     ):
         cls()
+
+
+def test_a_secret_key_without_an_allow_list_says_what_is_missing_not_both(tmp_path: Path) -> None:
+    _, secret = generate_keys(tmp_path, "publisher")
+    with pytest.raises(tskv.ConfigError, match="say who may connect") as neither:
+        KVEventsConfig(curve_secret_key=str(secret))
+    assert "not both" not in str(neither.value)
+    with pytest.raises(tskv.ConfigError, match="both say who may connect; keep one"):
+        KVEventsConfig(
+            curve_secret_key=str(secret), curve_clients=str(tmp_path), curve_allow_any_client=True
+        )
+
+
+def test_simulate_given_only_a_secret_key_names_the_flags_to_add(tmp_path: Path) -> None:
+    _, secret = generate_keys(tmp_path, "publisher")
+    done = subprocess.run(
+        [sys.executable, "-m", "tskv", "simulate", "--endpoint", LOOPBACK,
+         "--curve-secret-key", str(secret)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert "--curve-clients" in line and "--curve-allow-any-client" in line
+    assert "not both" not in line
+
+
+async def test_a_port_in_use_says_another_process_holds_it_and_how_to_pick_a_free_one() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", bind=True)
+        with pytest.raises(OSError, match="holds that port: stop it, or use another port"):
+            async with tskv.open_publisher(config):
+                pass
+
+
+def test_the_trace_flag_says_what_each_command_does_with_the_trace() -> None:
+    from tskv._cli import build_parser
+
+    parser = build_parser()
+    helps = {}
+    for command in ("demo", "simulate"):
+        sub = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+        [trace] = [a for a in sub._actions if "--trace" in a.option_strings]
+        helps[command] = trace.help
+    assert "routed" in helps["demo"] and "published" in helps["simulate"]
+    assert "demo" not in helps["simulate"]
+
+
+def test_a_misspelt_stream_marker_keyword_fails_naming_the_one_meant(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.tskv_stream(seeds=3)
+        async def test_it(tskv_stream):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess()  # tskv's plugin comes in by its entry point
+    result.assert_outcomes(failed=1)  # the fixture's pytest.fail, before the test runs
+    result.stdout.fnmatch_lines(["*tskv_stream has no 'seeds' (did you mean 'seed'?)*"])
+    assert "TypeError" not in result.stdout.str()

@@ -7,12 +7,13 @@ whose Trio loop runs on a thread. Configure the stream with `@pytest.mark.tskv_s
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
-from tskv.core.config import KVEventsConfig
+from tskv.core.config import KVEventsConfig, did_you_mean
 from tskv.core.endpoints import LOOPBACK
 from tskv.shells.publisher import Publisher, open_publisher
 from tskv.shells.threaded import ZmqEventPublisher
@@ -34,9 +35,30 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+STREAM_OPTIONS = frozenset(inspect.signature(open_simulated_stream).parameters)
+
+
 def _stream_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The marker's keywords, each one the stream takes: a misspelt one fails the test with
+    one line naming the keyword meant, not a TypeError deep in a fixture's traceback."""
     marker = request.node.get_closest_marker("tskv_stream")
-    return dict(marker.kwargs) if marker is not None else {}
+    if marker is None:
+        return {}
+    if marker.args:
+        pytest.fail(
+            f"@pytest.mark.tskv_stream takes keywords only ({', '.join(sorted(STREAM_OPTIONS))}),"
+            f" not {marker.args!r}",
+            pytrace=False,
+        )
+    for name in marker.kwargs:
+        if name not in STREAM_OPTIONS:
+            meant = did_you_mean(name, set(STREAM_OPTIONS))
+            pytest.fail(
+                f"@pytest.mark.tskv_stream has no {name!r}{meant}; it takes "
+                f"{', '.join(sorted(STREAM_OPTIONS))}",
+                pytrace=False,
+            )
+    return dict(marker.kwargs)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ def test_in_order_stream_is_delivered_as_is() -> None:
     s = Sequencer(has_replay=True)
     actions = [a for seq in range(5, 10) for a in s.live(seq, p(seq))]
     assert delivered(actions) == [5, 6, 7, 8, 9]
-    assert all(isinstance(a, Deliver) and not a.from_replay for a in actions)
+    assert all(isinstance(a, Deliver) and not a.repaired for a in actions)
 
 
 def test_gap_is_repaired_from_replay_before_later_live_batches() -> None:
@@ -43,7 +43,7 @@ def test_gap_is_repaired_from_replay_before_later_live_batches() -> None:
     assert s.replayed(1, 0, p(0)) == []  # the same batch as delivered: the same stream
     actions = s.replayed(1, 1, p(1)) + s.replayed(1, 2, p(2))
     assert delivered(actions) == [1, 2, 3, 4]
-    assert [a.from_replay for a in actions if isinstance(a, Deliver)] == [True, True, False, False]
+    assert [a.repaired for a in actions if isinstance(a, Deliver)] == [True, True, False, False]
     assert s.replayed(1, 3, p(3)) == []  # already delivered live: no duplicate
     assert s.replay_ended(1) == []
     assert delivered(s.live(5, p(5))) == [5]
@@ -410,7 +410,7 @@ def test_a_snapshot_bootstrap_from_a_publisher_without_them_falls_back_to_replay
     actions = s.replayed(2, 2, p(2))  # the buffer starts at 2
     assert actions == [
         Loss(0, 1, LossReason.EVICTED),
-        Deliver(2, p(2), True),
+        Deliver(2, p(2), False),  # a bootstrap's: no hole filled
         Deliver(3, p(3), False),
     ]
 
@@ -505,7 +505,7 @@ def test_a_snapshot_bootstrap_over_the_limit_falls_back_to_replay() -> None:
     actions = s.replayed(2, 2, p(2))  # the buffer starts at 2, and no snapshot restores 0..1
     assert actions == [
         Loss(0, 1, LossReason.EVICTED),
-        Deliver(2, p(2), True),
+        Deliver(2, p(2), False),  # a bootstrap's: no hole filled
         Deliver(3, p(3), False),
     ]
 
@@ -820,3 +820,20 @@ def test_a_reconnect_replaces_a_replay_asked_of_whoever_was_there_before() -> No
     s.replayed(probe.request_id, 0, p(0))
     assert delivered(s.replayed(probe.request_id, 1, p(1))) == [1]
     assert delivered(s.replayed(probe.request_id, 2, p(2))) == [2, 3]
+
+
+def test_only_batches_that_fill_a_hole_count_as_repaired() -> None:
+    """`tskv listen --from 0` reported its bootstrap's batches as repaired, with no gap."""
+    s = Sequencer(has_replay=True, start_seq=0)
+    [ask] = s.start()
+    boot = [a for seq in range(3) for a in s.replayed(ask.request_id, seq, p(seq))]
+    assert [a.repaired for a in boot if isinstance(a, Deliver)] == [False, False, False]
+    s.replay_ended(ask.request_id)
+    [repair] = s.live(5, p(5))
+    s.replayed(repair.request_id, 2, p(2))
+    fill = [a for seq in (3, 4) for a in s.replayed(repair.request_id, seq, p(seq))]
+    assert [(a.seq, a.repaired) for a in fill if isinstance(a, Deliver)] == [
+        (3, True),
+        (4, True),
+        (5, False),
+    ]

@@ -305,3 +305,19 @@ async def test_a_refused_handshake_ends_listen_with_one_line_naming_the_key_to_c
         and "curve_server_key" in line
     )
     assert "no publisher has answered" not in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_a_bootstrap_from_seq_0_is_not_counted_as_repaired() -> None:
+    """`listen --from 0 --count 3` once said "3 repaired from replay" with no gap at all."""
+    config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher:
+        for n in range(3):
+            await publisher.publish([BlockRemoved([n])])
+        out, summary = io.StringIO(), io.StringIO()
+        with trio.fail_after(20):
+            await listen(
+                publisher.endpoint, publisher.replay_endpoint, "", 0, False, out, 3,
+                summary_to=summary,
+            )  # fmt: skip
+    assert len(out.getvalue().splitlines()) == 3
+    assert "3 batches (0 repaired from replay), 0 lost" in summary.getvalue()

@@ -153,7 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         "attention and a sliding window (hybrid-swa) or Mamba (hybrid-mamba), whose events "
         "are published as vLLM 0.33 does and whose hits the index must equal",
     )
-    trace = trace_flags(demo, "routing a request trace (with --route)")
+    trace = trace_flags(
+        demo,
+        "routing a request trace (with --route)",
+        "routed by the load-aware kv policy, with and without speculative entries, "
+        "round-robin and at random, and the hit rates compared",
+    )
     trace.add_argument("--json", action="store_true", help="print one JSON object instead")
     trace.add_argument(
         "--load-weight",
@@ -211,7 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow any subscriber that completes the CURVE handshake",
     )
     sim_flags(simulate, rounds=None)
-    trace_flags(simulate, "publishing a request trace's events instead of the simulator's")
+    trace_flags(
+        simulate,
+        "publishing a request trace's events instead of the simulator's",
+        "its requests served by simulated workers, whose KV events are published for your "
+        "consumer (tests/traces/ has one)",
+    )
 
     commands.add_parser(
         "bench",
@@ -253,7 +263,9 @@ def run(name: str, args: argparse.Namespace) -> int:
     """Run one subcommand under the CLI's single Ctrl-C and error policy."""
     command = COMMANDS[name]
     try:
-        status: int = trio.run(command.main, args)
+        # at a checkpoint only: a Ctrl-C that lands between making a task's coroutine and
+        # starting it would leave that coroutine never awaited (and a warning on stderr)
+        status: int = trio.run(command.main, args, restrict_keyboard_interrupt_to_checkpoints=True)
     except BaseException as exc:  # every way out is decided here, once
         if _interrupted(exc):
             if command.ENDS_WITH_CTRL_C:

@@ -131,15 +131,15 @@ def sim_flags(parser: argparse.ArgumentParser, rounds: int | None = SimOptions()
     )
 
 
-def trace_flags(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
-    """The flags that replay a request trace, for `demo --route` and `simulate`."""
+def trace_flags(parser: argparse.ArgumentParser, title: str, what: str) -> argparse._ArgumentGroup:
+    """The flags that replay a request trace, for `demo --route` and `simulate`; `what` says
+    what this command does with the trace."""
     trace = parser.add_argument_group(title)
     trace.add_argument(
         "--trace",
         metavar="FILE",
         help="a Mooncake-format trace (JSON lines: timestamp, input_length, output_length, "
-        "hash_ids): the demo routes it by the load-aware kv policy, with and without "
-        "speculative entries, round-robin and at random; simulate publishes its KV events",
+        f"hash_ids): {what}",
     )
     trace.add_argument(
         "--requests", type=positive, metavar="K", help="only the trace's first K requests"

@@ -13,7 +13,7 @@ from tskv.core.losses import Loss
 class Deliver(NamedTuple):  # one per batch: a tuple is the cheapest value to make
     seq: int
     payload: bytes
-    from_replay: bool
+    repaired: bool  # fetched from replay to fill a hole (a start_seq bootstrap's batches are not)
 
 
 class DeliverSnapshot(NamedTuple):

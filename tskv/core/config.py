@@ -131,10 +131,15 @@ class KVEventsConfig:
                     "curve_clients and curve_allow_any_client need curve_secret_key (the "
                     "publisher's own secret certificate file)"
                 )
-        elif (self.curve_clients is None) == (not self.curve_allow_any_client):
+        elif self.curve_clients is None and not self.curve_allow_any_client:
             raise ConfigError(
                 "with curve_secret_key, say who may connect: curve_clients (a directory of "
-                "allowed public certificates) or curve_allow_any_client: true, not both"
+                "allowed public certificates) or curve_allow_any_client: true"
+            )
+        elif self.curve_clients is not None and self.curve_allow_any_client:
+            raise ConfigError(
+                "curve_clients and curve_allow_any_client: true both say who may connect; "
+                "keep one (the allow list, or any client that knows the server key)"
             )
 
     @property

@@ -40,6 +40,7 @@ class Replaying:
     # nothing to compare); a payload of None only asks that replay still has that seq.
     compare: Delivered | None
     probe: bool  # asked because the stream went quiet (or the connection came back)
+    bootstrap: bool = False  # the start_seq the consumer asked for: what it delivers fills no hole
 
 
 @attrs.define
@@ -85,6 +86,7 @@ class Asking:
         last: bytes | None,
         probe: bool = False,
         compare: Delivered | None = None,
+        bootstrap: bool = False,
     ) -> RequestReplay:
         """Ask for what follows `expected - 1`. A request starts at a batch delivered, to
         compare it: `compare` when given, else the last one (`last`, its payload). A probe
@@ -93,7 +95,7 @@ class Asking:
         self.last_id += 1
         if compare is None and expected > 0 and (probe or last is not None):
             compare = (expected - 1, last)
-        self.state = Replaying(self.last_id, expected, compare, probe)
+        self.state = Replaying(self.last_id, expected, compare, probe, bootstrap)
         start = expected if compare is None else compare[0]
         return RequestReplay(start, self.last_id, probe)
 
@@ -152,10 +154,10 @@ class Order:
         """Batches are known to exist past what was delivered: held past a hole."""
         return bool(self.pending)
 
-    def deliver(self, seq: int, payload: bytes, from_replay: bool) -> Deliver:
+    def deliver(self, seq: int, payload: bytes, repaired: bool) -> Deliver:
         self.expected = seq + 1
         self.last_payload = payload
-        return Deliver(seq, payload, from_replay)
+        return Deliver(seq, payload, repaired)
 
     def drain(self, actions: list[Action]) -> None:
         """Deliver held live batches that now follow on without a hole."""

@@ -28,10 +28,10 @@ class Repair:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _request(self, probe: bool = False) -> RequestReplay:
+    def _request(self, probe: bool = False, bootstrap: bool = False) -> RequestReplay:
         order = self.order
         assert order.expected is not None
-        return self.asking.replay(order.expected, order.last_payload, probe)
+        return self.asking.replay(order.expected, order.last_payload, probe, bootstrap=bootstrap)
 
     def _overrun(self, bootstrap: bool) -> list[Action]:
         """The hold passed `max_held`. During a bootstrap the oldest held batch goes (the
@@ -123,7 +123,7 @@ class Repair:
         """No snapshot: a bootstrap takes what replay still has; a repair reports its hole and
         fetches what follows it (from where replay went on, if known)."""
         if snapshot.bootstrap:
-            return [self._request()]
+            return [self._request(bootstrap=True)]
         actions: list[Action] = []
         if snapshot.resumes_at is not None:  # replay holds what follows the hole: fetch it again
             self.order.advance_to(snapshot.resumes_at, reason, actions)

@@ -96,7 +96,7 @@ class Sequencer(Repair):
             )
         if self._start_from_snapshot:
             return [self.asking.snapshot(bootstrap=True)]
-        return [self._request()]
+        return [self._request(bootstrap=True)]
 
     # -- what arrives ---------------------------------------------------------------------
 
@@ -210,7 +210,8 @@ class Sequencer(Repair):
         self.order.pending.pop(seq, None)  # held live too: the replayed copy goes out instead
         # Replay skipping ahead means the buffer lost what came before, but not what we hold.
         self.order.advance_to(seq, LossReason.EVICTED, actions)
-        actions.append(self.order.deliver(seq, payload, True))
+        repaired = not (isinstance(state, Replaying) and state.bootstrap)
+        actions.append(self.order.deliver(seq, payload, repaired))
         self.order.drain(actions)
         return actions
 
@@ -270,7 +271,7 @@ class Sequencer(Repair):
         if self.order.expected != state.expected_at_request:
             # Progress was made, but batches published after the request are still missing:
             # ask again from where we are.
-            return [*actions, self._request()]
+            return [*actions, self._request(bootstrap=state.bootstrap)]
         if self.snapshots:
             return [*actions, self.asking.snapshot()]  # what the buffer lost, a snapshot restores
         self.order.give_up_to_next_pending(LossReason.EVICTED, actions)

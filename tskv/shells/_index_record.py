@@ -10,14 +10,14 @@ to send the worker's new state to the index's process.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex, Worker
-from tskv.core.worker_view import Changes, WorkerFigures
+from tskv.core.worker_view import Changes, WorkerFigures, WorkerView
 from tskv.shells._snapshot_parts import SnapshotParts
 from tskv.shells._watched import Roster, Watched, log_failure
 
@@ -132,21 +132,25 @@ class IndexRecord:
         self._note(worker, watched, loss=loss)
 
     def synced(self, worker: Worker) -> None:
-        watched = self._roster.get(worker)
-        if watched is None:
-            return
-        view = self.index.worker_view(worker)
-        self._tell(worker, view.synced())
-        watched.update(attrs.evolve(watched.figures, stale=view.stale))
-        self._note(worker, watched)
+        self._view_news(worker, WorkerView.synced)
 
     def silence(self, worker: Worker, silent: bool) -> None:
+        self._view_news(worker, lambda view: view.silence(silent), silent=silent)
+
+    def resubscribed(self, worker: Worker) -> None:
+        self._view_news(worker, WorkerView.resubscribed)
+
+    def _view_news(
+        self, worker: Worker, decide: Callable[[WorkerView], Changes], **figures: Any
+    ) -> None:
+        """News that only the worker's view decides on: what it decides is carried out, and the
+        figures (and the listener) follow."""
         watched = self._roster.get(worker)
         if watched is None:
             return
         view = self.index.worker_view(worker)
-        self._tell(worker, view.silence(silent))
-        watched.update(attrs.evolve(watched.figures, silent=silent, stale=view.stale))
+        self._tell(worker, decide(view))
+        watched.update(attrs.evolve(watched.figures, stale=view.stale, **figures))
         self._note(worker, watched)
 
     def failed(self, worker: Worker, error: str, retry_in: float) -> None:
@@ -158,12 +162,3 @@ class IndexRecord:
         if self._listener is None:
             log_failure(worker, watched, error, retry_in)
         self._note(worker, watched, failure=(error, retry_in))  # the other end logs it
-
-    def resubscribed(self, worker: Worker) -> None:
-        watched = self._roster.get(worker)
-        if watched is None:
-            return
-        view = self.index.worker_view(worker)
-        self._tell(worker, view.resubscribed())
-        watched.update(attrs.evolve(watched.figures, stale=view.stale))
-        self._note(worker, watched)

@@ -12,6 +12,7 @@ ZeroMQ multipart messages are atomic, so a message is either wholly sent or not 
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
@@ -143,6 +144,19 @@ class AttachError(TskvError, OSError, zmq.ZMQError):  # type: ignore[misc]  # st
     zmq.ZMQError, which is what TokenSpeed's callers catch around its constructor."""
 
 
+_ATTACH_FIXES = {
+    errno.EADDRINUSE: (
+        "; another process (or another socket of this one) holds that port: stop it, or use "
+        "another port (tcp://127.0.0.1:* lets the OS pick a free one)"
+    ),
+    errno.EADDRNOTAVAIL: (
+        "; no interface of this machine has that address: use one it has (127.0.0.1 for "
+        "this machine alone)"
+    ),
+    errno.EACCES: "; a port below 1024 needs privileges: use a higher one",
+}
+
+
 def attach(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
     """Bind or connect `sock` to `endpoint` and return the address really used."""
     if "[" in endpoint or "::" in endpoint:
@@ -154,7 +168,8 @@ def attach(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
             sock.connect(endpoint)
     except zmq.ZMQError as exc:
         action = "bind" if bind else "connect"
-        raise AttachError(exc.errno, f"cannot {action} {endpoint!r}: {exc.strerror}") from exc
+        fix = _ATTACH_FIXES.get(exc.errno or 0, "")
+        raise AttachError(exc.errno, f"cannot {action} {endpoint!r}: {exc.strerror}{fix}") from exc
     return bound_endpoint(sock) if bind else endpoint
 
 

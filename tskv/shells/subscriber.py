@@ -74,7 +74,7 @@ SERVER_HINT = (
 class SubscriberStatistics:
     received: int  # live messages taken off the SUB socket
     delivered: int  # batches handed to the consumer
-    repaired: int  # of those, how many came from replay
+    repaired: int  # of those, how many replay gave to fill a hole (not a start_seq start)
     lost: int  # seqs reported lost (a restart's unknown count is not included)
     replaced: int  # seqs not delivered one by one but restored by a snapshot (not in `lost`)
     snapshots: int  # snapshots delivered, a bootstrap's included
@@ -206,7 +206,7 @@ class Subscriber(metaclass=NoPublicConstructor):
                 if SEEN.unknown_events != unknown:
                     self._unknown.note(item.seq, batch)
                 self._delivered += 1
-                self._repaired += item.from_replay
+                self._repaired += item.repaired
                 if self._pacer.due():
                     await self._pacer.yield_now()
                 return item.seq, batch
