@@ -1,4 +1,4 @@
-"""Sessions: tests, lint, typecheck, bench. Each installs what it needs into its own venv."""
+"""Sessions: tests, lint, typecheck, docs, bench. Each installs what it needs into its own venv."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ TOKENSPEED = (
     "tokenspeed==0.1.1"  # the peer the drop-in is compared with (tests/interop/test_dropin.py)
 )
 
-nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -54,6 +54,15 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     session.install("-e", ".[fast]", "mypy==2.4.1", "exceptiongroup", "pytest")
     session.run("mypy", "tskv")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The manual and the API reference, built as a reader gets them: any warning fails."""
+    session.install("-e", ".[docs]")
+    out = Path(session.create_tmp()) / "html"
+    session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", str(out))
+    session.log(f"built: {out / 'index.html'}")
 
 
 @nox.session

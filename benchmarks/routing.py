@@ -21,10 +21,7 @@ from tskv.core.routing import LoadAwarePolicy
 from tskv.sim.trace import TraceRequest, read_trace
 from tskv.sim.trace_fleet import TraceWorker
 
-TRACES = (
-    Path("../shared/traces/mooncake_synthetic_trace.jsonl"),
-    Path("tests/traces/mooncake_synthetic_head.jsonl"),
-)
+TRACE = Path("tests/traces/mooncake_synthetic_trace.jsonl")  # the whole trace, in the clone
 BLOCK = 64
 CACHE_TOKENS = 3_000_000
 PREFILL_RATE = 5_000.0
@@ -56,11 +53,8 @@ def _decisions(requests: list[TraceRequest], workers: int, predict: bool) -> dic
 
 
 def routing_section(out: Callable[[str], None]) -> None:
-    trace = next((path for path in TRACES if path.exists()), None)
     out("\n## The router's decision per request (match + LoadAwarePolicy), Mooncake trace\n")
-    if trace is None:
-        out("No trace found (looked for " + ", ".join(map(str, TRACES)) + "): skipped.")
-        return
+    trace = TRACE
     requests = read_trace(trace)
     out(f"{len(requests):,} requests of {trace}, block size {BLOCK}, µs per request\n")
     out(
