@@ -29,3 +29,14 @@ napoleon_numpy_docstring = False
 html_theme = "furo"
 html_title = f"tskv {version}"
 nitpicky = False
+
+
+def _readable_defaults(app, what, name, obj, options, signature, return_annotation):  # type: ignore[no-untyped-def]
+    """A function default shows as its repr (`<built-in function monotonic>`); show its name."""
+    if signature and "<built-in function monotonic>" in signature:
+        signature = signature.replace("<built-in function monotonic>", "time.monotonic")
+    return signature, return_annotation
+
+
+def setup(app):  # type: ignore[no-untyped-def]
+    app.connect("autodoc-process-signature", _readable_defaults)

@@ -25,7 +25,7 @@ class LossReason(str, enum.Enum):
 
 @attrs.frozen
 class Loss:
-    """Batches `first_seq`..`last_seq` (inclusive) the consumer will never see.
+    """Batches `first_seq` to `last_seq` (inclusive) the consumer will never see.
 
     For a restart, `last_seq` is None (what the old publisher sent after `first_seq - 1` is
     unknown) and `new_seq` is where delivery goes on in the new sequence: a consumer should
