@@ -55,6 +55,52 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Each library module (tools aside) and the library modules it imports, wherever the
+    import stands: a lazy import inside a function that closes a circle is still a circle."""
+    library = [name for layer in MAY_IMPORT for name in modules(layer)]
+    known = set(library)
+    return {
+        name: {target for target in imported(name) if target in known and target != name}
+        for name in library
+    }
+
+
+def circle_from(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` as the modules along it, or None (a depth-first search that
+    meets a module still on its path has found one)."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        if name in path:
+            return [*path[path.index(name) :], name]
+        if name in done:
+            return None
+        path.append(name)
+        for target in sorted(graph[name]):
+            if (found := visit(target)) is not None:
+                return found
+        path.pop()
+        done.add(name)
+        return None
+
+    for name in sorted(graph):
+        if (found := visit(name)) is not None:
+            return found
+    return None
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert circle_from({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert circle_from({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_library_module_imports_itself_round_a_circle() -> None:
+    circle = circle_from(import_graph())
+    assert circle is None, "an import circle: " + " -> ".join(circle or [])
+
+
 def test_the_tree_has_every_layer() -> None:
     assert len(modules("core")) >= 10 and modules("curve") and modules("shells")
     loose = sorted(path.name for path in PACKAGE.glob("*.py"))
