@@ -41,6 +41,17 @@ def tests(session: nox.Session) -> None:
             "tests/shells/test_faults.py",
         ]
         session.run("pytest", "-q", *without, env={"TSKV_CODEC": "msgpack"})
+        # and the index's keys, walks and holdings in Python, the reference, where the
+        # compiled key walk (built by the install above where a C compiler is) ran them first
+        pure = [
+            "tests/core/test_block_keys.py",
+            "tests/core/test_compiled.py",
+            "tests/core/test_hybrid_groups.py",
+            "tests/core/test_predictions.py",
+            "tests/core/test_prefix_index.py",
+            "tests/shells/test_watcher.py",
+        ]
+        session.run("pytest", "-q", *pure, env={"TSKV_PURE_PYTHON": "1"})
 
 
 @nox.session

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
 
+from tskv.core import compiled
 from tskv.core.events import MMKey
 
 Identity = Any  # extra keys and multimodal items of one block, as a hashable value, or None
@@ -141,7 +142,15 @@ def blocks_of(tokens: Sequence[Any], size: int) -> Iterator[tuple[Any, ...]]:
 
 def chain(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
     """The keys of consecutive blocks under parent `key`: None from the first block no query
-    can reach (no parent known, or its tokens short) on."""
+    can reach (no parent known, or its tokens short) on. Compiled where `compiled.core` is."""
+    if compiled.core is not None:
+        keys: list[int | None] = compiled.core.chain(key, blocks)
+        return keys
+    return chain_in_python(key, blocks)
+
+
+def chain_in_python(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
+    """`chain` in Python, the reference."""
     keys: list[int | None] = []
     for content in blocks:
         key = None if key is None or content is None else hash((key, content))

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from tskv.core import compiled
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.block_keys import (
     block_identity,
@@ -38,7 +39,7 @@ from tskv.core.events import (
 )
 from tskv.core.filing import Filing
 from tskv.core.groups import CacheGroup, checked_groups
-from tskv.core.holdings import Holdings
+from tskv.core.holdings import HolderMap, Holdings
 from tskv.core.holdings import Worker as Worker  # the index's users name it from here
 from tskv.core.hybrid import Op
 from tskv.core.predictions import MAX_ENTRIES, Predictions
@@ -90,8 +91,15 @@ class Match(dict[Worker, int]):
         return worker, count
 
 
+# Where a walk looks a key up: the real holders, and the predicted ones (or None)
+Holders = tuple[HolderMap, dict[int, int] | None]
+# A walk's answer: (depth, the workers holding every block so far) each time those change, the
+# last with none where nobody holds a block; and the request's number of blocks
+Walked = tuple[list[tuple[int, int]], int]
+
+
 def _leading_counts(
-    holders: Callable[[int, int], int],
+    holders: Holders,
     token_ids: Sequence[int | str],
     lora_name: str | None,
     extra_keys: Sequence[Any] | None,
@@ -105,11 +113,44 @@ def _leading_counts(
     """For each worker, how many leading full blocks of the request `holders` says it holds,
     the blocks keyed with the `lookahead` tokens after each (a block without them all has no
     key: the request's end); `keys_out` gets the keys walked, the first one nobody holds too.
-    The key is `block_keys.chain`'s, written inline."""
-    counts: dict[Worker, int] = {}
+    The plain walk (no identities, no lookahead) is compiled where `compiled.core` is."""
     key = root_key(lora_name, cache_salt)
     plain = extra_keys is None and mm_keys is None and not lookahead
+    if plain and compiled.core is not None:
+        walked: Walked = compiled.core.walk(*holders, key, token_ids, size, keys_out)
+    else:
+        request = (token_ids, extra_keys, mm_keys)
+        walked = _walk(holders, key, request, size, lookahead, keys_out)
+    changes, blocks = walked
+    counts: dict[Worker, int] = {}
     active = -1  # every worker, until the first block says otherwise
+    for depth, held in changes:  # some workers' prefixes end at `depth`
+        if depth:
+            counts.update(dict.fromkeys(workers_of(active & ~held), depth))
+        if not held:
+            return counts
+        active = held
+    if blocks and active > 0:
+        counts.update(dict.fromkeys(workers_of(active), blocks))
+    return counts
+
+
+def _walk(
+    holders: Holders,
+    key: int,
+    request: tuple[Sequence[int | str], Sequence[Any] | None, Sequence[Sequence[MMKey]] | None],
+    size: int,
+    lookahead: int,
+    keys_out: list[int] | None,
+) -> Walked:
+    """The walk in Python, the reference: `block_keys.chain`'s key, written inline (a call a
+    block costs more than the rest of the step)."""
+    token_ids, extra_keys, mm_keys = request
+    real, predicted = holders
+    get = real.get if predicted is None else _either(real.get, predicted.get)
+    plain = extra_keys is None and mm_keys is None and not lookahead
+    changes: list[tuple[int, int]] = []
+    active = -1
     blocks = max(0, (len(token_ids) - lookahead) // size)
     # Block by block: most queries stop after a few blocks, so the rest is never copied.
     for depth, chunk in enumerate(blocks_of(token_ids, size)):
@@ -123,16 +164,13 @@ def _leading_counts(
             key = hash((key, chunk if identity is None else (chunk, identity)))
         if keys_out is not None:
             keys_out.append(key)
-        held = active & holders(key, 0)
-        if held != active:  # some workers' prefixes end here
-            if depth:
-                counts.update(dict.fromkeys(workers_of(active & ~held), depth))
+        held = active & get(key, 0)
+        if held != active:
+            changes.append((depth, held))
             if not held:
-                return counts
+                break
             active = held
-    if blocks and active > 0:
-        counts.update(dict.fromkeys(workers_of(active), blocks))
-    return counts
+    return changes, blocks
 
 
 # A query: its token ids, LoRA name, extra keys, cache salt and multimodal keys; and how counts
@@ -163,7 +201,7 @@ def _engine_answers(
     for lookahead in (0, *sorted(lookaheads)):
         keys: list[int] = []
         walked = _leading_counts(
-            holdings.holders.get, *request, *answer, lookahead=lookahead, keys_out=keys
+            (holdings.holders, None), *request, *answer, lookahead=lookahead, keys_out=keys
         )
         keys_by[lookahead] = keys
         for worker, count in walked.items():
@@ -388,12 +426,12 @@ class PrefixIndex:
         if self._holdings.hybrids or self._lookaheads:
             real, lower = _engine_answers(self._holdings, self._lookaheads, request, answer)
         else:
-            real = _leading_counts(self._holdings.holders.get, *request, *answer)
+            real = _leading_counts((self._holdings.holders, None), *request, *answer)
         if self._predictions.masks:
             self._predictions.expire()
         if not self._predictions.masks:  # the usual case: one walk, on the real blocks only
             return Match(real, frozenset(self._stale), None, lower, size, self._holdings.known)
-        either = _either(self._holdings.holders.get, self._predictions.masks.get)
+        either = (self._holdings.holders, self._predictions.masks)
         counts = {**real}
         for worker, count in _leading_counts(either, *request, *answer).items():
             counts[worker] = max(count, real.get(worker, 0))

@@ -1,0 +1,282 @@
+"""The compiled core (tskv/core/_compiled.c) gives the pure-Python reference's answers, and
+refuses what it refuses, on any input: keys, walks, the holders table, errors. The rest of the
+suite runs the index on whichever this process uses (the compiled one where it is built);
+`nox -s tests` runs the index's, keys' and holdings' tests again with TSKV_PURE_PYTHON=1."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tskv.core import compiled
+from tskv.core.block_keys import chain_in_python
+from tskv.core.prefix_index import _walk
+
+_compiled = pytest.importorskip("tskv.core._compiled", reason="the compiled core is not built here")
+HOME = Path(__file__).resolve().parents[2]
+
+hashes = st.integers(-(2**63), 2**63 - 1)
+tokens = st.one_of(st.integers(0, 200_000), st.integers(-(2**70), 2**70))
+contents = st.one_of(
+    st.none(),
+    st.tuples(tokens, tokens),
+    st.lists(tokens, min_size=1, max_size=8).map(tuple),
+    st.tuples(st.tuples(tokens), st.one_of(hashes, st.text(max_size=3))),
+)
+
+
+def outcome(call: Any, *args: Any) -> Any:
+    """What a call gives, or the type of what it raises: the two paths must agree on both."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        return type(exc)
+
+
+@given(st.one_of(st.none(), hashes), st.lists(contents, max_size=12))
+def test_chain_gives_the_reference_keys(root: int | None, blocks: list[Any]) -> None:
+    assert _compiled.chain(root, blocks) == chain_in_python(root, blocks)
+
+
+@st.composite
+def walks(draw: st.DrawFn) -> tuple[Any, ...]:
+    """A request, and holders that hold some of its prefixes (and of others')."""
+    size = draw(st.integers(1, 4))
+    request = draw(st.lists(tokens, max_size=6 * size))
+    root = draw(hashes)
+    keys: list[int] = []
+    key = root
+    for start in range(0, len(request) - size + 1, size):
+        key = hash((key, tuple(request[start : start + size])))
+        keys.append(key)
+    masks = st.integers(0, 2**70)  # past 64 workers too
+    real = {k: draw(masks) for k in keys if draw(st.booleans())}
+    real.update(draw(st.dictionaries(hashes, masks, max_size=3)))
+    predicted = draw(st.one_of(st.none(), st.dictionaries(st.sampled_from(keys or [0]), masks)))
+    return real, predicted, root, request, size
+
+
+@settings(max_examples=300)
+@given(walks(), st.booleans())
+def test_walk_gives_the_reference_walk(case: tuple[Any, ...], keep_keys: bool) -> None:
+    real, predicted, root, request, size = case
+    compiled_keys: list[int] | None = [] if keep_keys else None
+    python_keys: list[int] | None = [] if keep_keys else None
+    walked = _compiled.walk(real, predicted, root, request, size, compiled_keys)
+    assert walked == _walk((real, predicted), root, (request, None, None), size, 0, python_keys)
+    assert compiled_keys == python_keys
+    table = _compiled.KeyTable()  # the table's own walk, where its masks fit 64 bits
+    table.update(real)
+    assert _compiled.walk(table, predicted, root, request, size, None) == walked
+
+
+junk = st.one_of(tokens, st.none(), st.text(max_size=2), st.floats(), st.lists(tokens, max_size=2))
+
+
+@settings(max_examples=300)
+@given(
+    st.one_of(junk, st.lists(junk, max_size=9), st.tuples(junk, junk)),
+    st.one_of(hashes, junk),
+    st.integers(-1, 3),
+    st.one_of(st.none(), st.dictionaries(hashes, st.one_of(st.integers(0, 9), junk), max_size=2)),
+)
+def test_malformed_input_is_refused_alike(request: Any, root: Any, size: int, other: Any) -> None:
+    """No crash, and the same answer or the same error, on what a caller may pass by mistake."""
+    real: dict[Any, Any] = {} if other is None else other
+
+    def python_walk(*args: Any) -> Any:
+        if type(args[4]) is not int or args[4] < 1:  # the compiled walk checks its size first
+            raise ValueError
+        return _walk((args[0], args[1]), args[2], (args[3], None, None), args[4], 0, None)
+
+    both = (real, None, root, request, size)
+    assert outcome(_compiled.walk, *both, None) == outcome(python_walk, *both)
+    blocks = request if isinstance(request, list) else [request]
+    assert outcome(_compiled.chain, root, blocks) == outcome(chain_in_python, root, blocks)
+
+
+def test_the_walk_names_what_it_refuses() -> None:
+    with pytest.raises(ValueError, match="size = 0 must be at least 1"):
+        _compiled.walk({}, None, 0, [1, 2], 0, None)
+    with pytest.raises(TypeError, match="predicted must be a dict or None"):
+        _compiled.walk({}, [], 0, [1, 2], 1, None)
+    with pytest.raises(TypeError, match="tokens must be a sequence"):
+        _compiled.walk({}, None, 0, 5, 1, None)
+
+
+def test_this_process_uses_it_unless_told_not_to() -> None:
+    wanted = os.environ.get("TSKV_PURE_PYTHON") != "1"
+    assert (compiled.core is _compiled) is wanted
+    assert compiled.agrees(_compiled)
+
+
+CHOSEN = "from tskv.core import compiled; print(compiled.core is not None)"
+
+
+@pytest.mark.parametrize(("setting", "used"), [("1", "False"), ("0", "True"), ("", "True")])
+def test_tskv_pure_python_chooses_the_walk(setting: str, used: str) -> None:
+    env = {**os.environ, "TSKV_PURE_PYTHON": setting, "PYTHONPATH": str(HOME)}
+    run = subprocess.run([sys.executable, "-c", CHOSEN], env=env, capture_output=True, text=True)
+    assert (run.returncode, run.stdout.strip()) == (0, used)
+
+
+def test_asking_for_it_where_it_is_not_built_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TSKV_PURE_PYTHON", "0")
+    monkeypatch.setitem(sys.modules, "tskv.core._compiled", None)  # an import of it now fails
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        assert compiled._load() is None
+    (record,) = caplog.records
+    assert "compiled core, but it is not built here" in record.getMessage()
+    assert "pip install ." in record.getMessage()
+
+
+def test_a_module_that_disagrees_with_python_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class OtherKeys:  # what a CPython with another tuple hash would make of the C module
+        walk = staticmethod(_compiled.walk)
+
+        @staticmethod
+        def chain(key: int | None, blocks: list[Any]) -> list[int | None]:
+            return [None if key is None else key + 1 for _ in blocks]
+
+    assert not compiled.agrees(OtherKeys)  # type: ignore[arg-type]
+    monkeypatch.setenv("TSKV_PURE_PYTHON", "")
+    monkeypatch.setattr(compiled, "agrees", lambda module: False)
+    with caplog.at_level(logging.WARNING, logger="tskv"):
+        assert compiled._load() is None
+    (record,) = caplog.records
+    assert "other keys than this Python's hash()" in record.getMessage()
+
+
+keys = st.sampled_from([hash(("pool", n)) for n in range(40)] + [0, 1, -2, 2**63 - 1, -(2**63)])
+masks = st.one_of(st.integers(1, 2**64 - 1), st.integers(1, 2**80))  # past 64 workers too
+bits = st.integers(0, 63).map(lambda n: 1 << n)
+
+
+class KeyTableAsADict(RuleBasedStateMachine):
+    """Every operation `Holdings` makes, on the table and on a dict side by side: few keys, so
+    slots collide and removals move later keys back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = _compiled.KeyTable()
+        self.model: dict[int, int] = {}
+
+    @rule(key=keys, mask=masks)
+    def store(self, key: int, mask: int) -> None:
+        self.table[key] = mask
+        self.model[key] = mask
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def remove(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        del self.table[key]
+        del self.model[key]
+
+    @rule(key=keys)
+    def remove_missing_or_not(self, key: int) -> None:
+        assert outcome(self.table.__delitem__, key) == outcome(self.model.__delitem__, key)
+
+    @rule(new=st.dictionaries(keys, masks, max_size=5))
+    def update(self, new: dict[int, int]) -> None:
+        self.table.update(new)
+        self.model.update(new)
+
+    @rule(bit=bits, runs=st.lists(st.lists(keys, max_size=6), max_size=4))
+    def mirror(self, bit: int, runs: list[list[int]]) -> None:
+        """A reader's runs, as `Holdings.hold` and `release` take them for a mirrored worker."""
+        expected, raised = dict(self.model), None
+        try:
+            for number, run in enumerate(runs):
+                for key in run:
+                    if number % 2 == 0:
+                        expected[key] = expected.get(key, 0) | bit
+                    elif (mask := expected[key] & ~bit) != 0:
+                        expected[key] = mask
+                    else:
+                        del expected[key]
+        except KeyError:
+            raised = KeyError
+        assert outcome(self.table.mirror, bit, runs) in (None, raised)
+        if raised is None:
+            self.model = expected
+        else:  # the table kept what it did before the missing key: carry on from the table
+            self.model = dict(self.table.items())
+
+    @rule()
+    def clear(self) -> None:
+        self.table.clear()
+        self.model.clear()
+
+    @invariant()
+    def reads_alike(self) -> None:
+        assert len(self.table) == len(self.model)
+        assert dict(self.table.items()) == self.model and sorted(self.table) == sorted(self.model)
+        for key in (*self.model, hash(("absent",))):
+            assert self.table.get(key, 0) == self.model.get(key, 0)
+            assert (key in self.table) == (key in self.model)
+        assert self.table.keys().isdisjoint([hash(("absent",))])
+
+
+TestKeyTableAsADict = KeyTableAsADict.TestCase
+TestKeyTableAsADict.settings = settings(max_examples=150, stateful_step_count=40)
+
+
+@pytest.mark.parametrize(
+    ("key", "mask", "error"),
+    [
+        ("k", 1, TypeError),
+        (-1, 1, TypeError),
+        (2**64, 1, TypeError),
+        (5, -1, ValueError),
+        (5, "1", TypeError),
+        (None, 1, TypeError),
+    ],
+)
+def test_the_table_refuses_what_no_key_or_mask_is(key: Any, mask: Any, error: type) -> None:
+    table = _compiled.KeyTable()
+    with pytest.raises(error, match=r"KeyTable: a (key|mask)"):
+        table[key] = mask
+    assert len(table) == 0 and table.get(key, 7) == 7 and key not in table
+
+
+def test_a_key_the_walk_never_reaches_is_never_an_error() -> None:
+    """The table's walk makes keys ahead of its lookups: a block it cannot key (an unhashable
+    token) past where the walk stops is not the walk's business, as in Python."""
+    first = hash((5, (1, 2)))
+    table = _compiled.KeyTable()
+    table.update({first: 1})
+    stops_before = [1, 2, 3, 4, [9], 9]
+    assert _compiled.walk(table, None, 5, stops_before, 2, None) == ([(0, 1), (1, 0)], 3)
+    table[hash((first, (3, 4)))] = 1  # now the walk reaches the unhashable block
+    with pytest.raises(TypeError, match="unhashable"):
+        _compiled.walk(table, None, 5, stops_before, 2, None)
+    with pytest.raises(TypeError, match="unhashable"):
+        _walk((dict(table.items()), None), 5, (stops_before, None, None), 2, 0, None)
+
+
+def test_a_walk_over_the_table_is_the_walk_over_a_dict() -> None:
+    holders = {hash((hash((1, (5, 6))), (7, 8))): 2**70 | 6}
+    request = [5, 6, 7, 8, 9, 9]
+    key = hash((1, (5, 6)))
+    for masks in ({key: 7, **holders}, {key: 7}, {key: 2**63 | 1}):
+        table = _compiled.KeyTable()
+        table.update(masks)
+        expected = _walk((masks, None), 1, (request, None, None), 2, 0, None)
+        assert _compiled.walk(table, None, 1, request, 2, None) == expected
+        assert _compiled.walk(table, {key: 8}, 1, request, 2, None) == _walk(
+            (masks, {key: 8}), 1, (request, None, None), 2, 0, None
+        )

@@ -1,0 +1,953 @@
+/* The prefix index's hot path, compiled: its keys, its walk and its table of holders.
+
+A block's key is Python's hash((parent_key, content)), content the tuple of its token ids.
+Hashing it in Python makes two tuples a block and runs a loop of bytecode; here the tuple hash
+is computed from its items' hashes without making the tuples, by CPython's own algorithm for
+tuples (xxHash's rounds over the items' hashes, Objects/tupleobject.c since 3.8). Nothing here
+decides anything the pure-Python modules do not: tskv/core/compiled.py checks this module
+against Python's hash() when it is imported, and the index falls back to the pure path if the
+two ever differ (a future CPython changing its tuple hash, say).
+
+What it holds:
+  chain(key, blocks): block_keys.chain, the keys of consecutive contents under `key`.
+  walk(real, predicted, key, tokens, size, keys_out): the match's walk down a request's
+    blocks, the masks of the workers holding each, until no worker holds one.
+  KeyTable: the holders map (content key -> bit mask of the workers holding it) as a dict of
+    ints would be, in 16 bytes a slot: a Python dict of 3.2M int keys and masks costs about
+    100 bytes a key and three cache misses a lookup (the table, the entry, the key object);
+    this costs one. Masks past 64 workers keep their high bits in a dict beside it.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if SIZEOF_PY_UHASH_T > 4
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define XXROTATE(x) ((x << 31) | (x >> 33))
+#else
+#define XXPRIME_1 ((Py_uhash_t)2654435761UL)
+#define XXPRIME_2 ((Py_uhash_t)2246822519UL)
+#define XXPRIME_5 ((Py_uhash_t)374761393UL)
+#define XXROTATE(x) ((x << 13) | (x >> 19))
+#endif
+
+static inline Py_uhash_t
+tuple_round(Py_uhash_t acc, Py_uhash_t item_hash)
+{
+    acc += item_hash * XXPRIME_2;
+    acc = XXROTATE(acc);
+    return acc * XXPRIME_1;
+}
+
+static inline Py_hash_t
+tuple_end(Py_uhash_t acc, Py_ssize_t length)
+{
+    acc += (Py_uhash_t)length ^ (XXPRIME_5 ^ 3527539UL);
+    return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
+}
+
+/* hash((parent, content)), given hash(parent) and hash(content): the pair's tuple hash. */
+static inline Py_hash_t
+pair_hash(Py_hash_t parent_hash, Py_hash_t content_hash)
+{
+    Py_uhash_t acc = tuple_round(XXPRIME_5, (Py_uhash_t)parent_hash);
+    return tuple_end(tuple_round(acc, (Py_uhash_t)content_hash), 2);
+}
+
+/* hash(tuple(items[0:size])) without the tuple; -1 with an exception set if an item has none. */
+static Py_hash_t
+items_hash(PyObject **items, Py_ssize_t size)
+{
+    Py_uhash_t acc = XXPRIME_5;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        Py_hash_t item_hash = PyObject_Hash(items[i]);
+        if (item_hash == -1) {
+            return -1;
+        }
+        acc = tuple_round(acc, (Py_uhash_t)item_hash);
+    }
+    return tuple_end(acc, size);
+}
+
+/* Python's hash of an int within 64 bits (Python/pyhash.c, Objects/longobject.c): its value
+   modulo 2**61 - 1 (2**31 - 1 on 32-bit builds), with the int's sign, and -1 made -2. */
+static inline Py_hash_t
+int_hash(int64_t value)
+{
+    const uint64_t modulus = ((uint64_t)1 << _PyHASH_BITS) - 1;
+    uint64_t magnitude = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
+    uint64_t reduced = magnitude % modulus;
+    Py_hash_t hash = value < 0 ? -(Py_hash_t)reduced : (Py_hash_t)reduced;
+    return hash == -1 ? -2 : hash;
+}
+
+/* A key is an int holding a previous hash; what goes into its child's tuple hash is that int's
+   own hash (the value reduced modulo 2**61 - 1 on 64-bit builds), which Python gives. */
+static inline Py_hash_t
+key_hash(PyObject *key)
+{
+    return PyObject_Hash(key);
+}
+
+static PyObject *
+chain(PyObject *module, PyObject *args)
+{
+    PyObject *key, *blocks;
+    if (!PyArg_ParseTuple(args, "OO:chain", &key, &blocks)) {
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(blocks, "chain: blocks must be a sequence");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    PyObject **contents = PySequence_Fast_ITEMS(fast);
+    PyObject *keys = PyList_New(count);
+    if (keys == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
+    PyObject *parent = key; /* borrowed: the caller's key, then the list's */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *content = contents[i];
+        if (parent == Py_None || content == Py_None) {
+            parent = Py_None; /* no query can reach this block, nor any after it */
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(keys, i, Py_None);
+            continue;
+        }
+        /* the parent's hash, then the content's: the order Python hashes the pair in */
+        Py_hash_t parent_hash = key_hash(parent);
+        if (parent_hash == -1) {
+            goto error;
+        }
+        Py_hash_t content_hash = PyObject_Hash(content);
+        if (content_hash == -1) {
+            goto error;
+        }
+        PyObject *as_int = PyLong_FromSsize_t(pair_hash(parent_hash, content_hash));
+        if (as_int == NULL) {
+            goto error;
+        }
+        PyList_SET_ITEM(keys, i, as_int);
+        parent = as_int;
+    }
+    Py_DECREF(fast);
+    return keys;
+error:
+    Py_DECREF(fast);
+    Py_DECREF(keys);
+    return NULL;
+}
+
+/* ---- KeyTable: content key -> mask of holders, open addressing with linear probing ---- */
+
+#define EMPTY ((int64_t)-1) /* hash() never gives -1, so no key is ever this */
+
+typedef struct {
+    int64_t key;
+    uint64_t mask; /* the low 64 bits of the workers' mask */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    size_t capacity; /* a power of two, 0 before the first key */
+    Py_ssize_t used;
+    PyObject *high; /* key -> mask >> 64 where that is not 0 (a dict, made when first needed) */
+} KeyTable;
+
+static PyTypeObject KeyTableType;
+static PyObject *ZERO; /* the int 0, made once */
+
+static inline size_t
+home_of(int64_t key, size_t capacity)
+{
+    uint64_t mixed = (uint64_t)key * 0x9E3779B97F4A7C15ULL; /* keys are hashes; mixed anyway */
+    return (size_t)(mixed >> 29) & (capacity - 1);
+}
+
+/* The slot holding `key`, or the empty slot where it would go (the table is never full). */
+static inline size_t
+find(const KeyTable *t, int64_t key)
+{
+    size_t last = t->capacity - 1, i = home_of(key, t->capacity);
+    while (t->slots[i].key != EMPTY && t->slots[i].key != key) {
+        i = (i + 1) & last;
+    }
+    return i;
+}
+
+static int
+resize(KeyTable *t, size_t capacity)
+{
+    Slot *slots = PyMem_Malloc(capacity * sizeof(Slot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(slots, 0xFF, capacity * sizeof(Slot)); /* every key EMPTY */
+    Slot *old = t->slots;
+    size_t old_capacity = t->capacity;
+    t->slots = slots;
+    t->capacity = capacity;
+    for (size_t i = 0; i < old_capacity; i++) {
+        if (old[i].key != EMPTY) {
+            t->slots[find(t, old[i].key)] = old[i];
+        }
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+/* Room for one more key: at most 7 slots in 10 used, so a probe stays short. */
+static inline int
+make_room(KeyTable *t)
+{
+    if ((size_t)(t->used + 1) * 10 <= t->capacity * 7) {
+        return 0;
+    }
+    return resize(t, t->capacity ? t->capacity * 2 : 64);
+}
+
+/* Empty slot `i`, moving back each later key of its run that would no longer be found. */
+static void
+remove_at(KeyTable *t, size_t i)
+{
+    size_t last = t->capacity - 1, j = i;
+    for (;;) {
+        j = (j + 1) & last;
+        if (t->slots[j].key == EMPTY) {
+            break;
+        }
+        size_t home = home_of(t->slots[j].key, t->capacity);
+        /* the key at j may move to i unless its home lies cyclically in (i, j] */
+        int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    t->slots[i].key = EMPTY;
+    t->used--;
+}
+
+/* 1 and the key in *out if `obj` is an int a key can be; 0 if it cannot (any other value, or
+   -1); -1 with an exception set on an error. */
+static int
+key_of(PyObject *obj, int64_t *out)
+{
+    if (!PyLong_Check(obj)) {
+        return 0;
+    }
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (value == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow || value == -1) {
+        return 0;
+    }
+    *out = (int64_t)value;
+    return 1;
+}
+
+static int
+stored_key(PyObject *obj, int64_t *out)
+{
+    int found = key_of(obj, out);
+    if (found == 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "KeyTable: a key is an int from hash() (not -1, within 64 bits), not %R",
+                     obj);
+        return -1;
+    }
+    return found < 0 ? -1 : 0;
+}
+
+/* The mask stored for slot `i` as an int (a new reference). */
+static PyObject *
+mask_at(const KeyTable *t, size_t i)
+{
+    PyObject *low = PyLong_FromUnsignedLongLong(t->slots[i].mask);
+    if (low == NULL || t->high == NULL) {
+        return low;
+    }
+    PyObject *key = PyLong_FromLongLong(t->slots[i].key);
+    if (key == NULL) {
+        Py_DECREF(low);
+        return NULL;
+    }
+    PyObject *high = PyDict_GetItemWithError(t->high, key); /* borrowed */
+    Py_DECREF(key);
+    if (high == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(low);
+            return NULL;
+        }
+        return low;
+    }
+    PyObject *shift = PyLong_FromLong(64), *shifted = NULL, *whole = NULL;
+    if (shift != NULL && (shifted = PyNumber_Lshift(high, shift)) != NULL) {
+        whole = PyNumber_Or(shifted, low);
+    }
+    Py_XDECREF(shift);
+    Py_XDECREF(shifted);
+    Py_DECREF(low);
+    return whole;
+}
+
+static int
+table_set(KeyTable *t, PyObject *key_obj, PyObject *value)
+{
+    int64_t key;
+    if (stored_key(key_obj, &key) < 0) {
+        return -1;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "KeyTable: a mask is an int, not %R", value);
+        return -1;
+    }
+    uint64_t low = PyLong_AsUnsignedLongLong(value); /* the usual mask: 64 workers or fewer */
+    PyObject *high = NULL;
+    if (low == (uint64_t)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        int negative = PyObject_RichCompareBool(value, ZERO, Py_LT);
+        if (negative) {
+            if (negative > 0) {
+                PyErr_Format(PyExc_ValueError, "KeyTable: a mask is not negative: %R", value);
+            }
+            return -1;
+        }
+        low = PyLong_AsUnsignedLongLongMask(value);
+        PyObject *shift = PyLong_FromLong(64);
+        high = shift == NULL ? NULL : PyNumber_Rshift(value, shift);
+        Py_XDECREF(shift);
+        if (high == NULL) {
+            return -1;
+        }
+    }
+    int has_high = high != NULL;
+    if (has_high && t->high == NULL && (t->high = PyDict_New()) == NULL) {
+        Py_DECREF(high);
+        return -1;
+    }
+    int failed = 0;
+    if (has_high) {
+        failed = PyDict_SetItem(t->high, key_obj, high) < 0;
+    } else if (t->high != NULL && PyDict_DelItem(t->high, key_obj) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_KeyError)) {
+            PyErr_Clear();
+        } else {
+            failed = 1;
+        }
+    }
+    Py_XDECREF(high);
+    if (failed || (t->capacity == 0 && make_room(t) < 0)) {
+        return -1;
+    }
+    size_t i = find(t, key);
+    if (t->slots[i].key == EMPTY) {
+        if (make_room(t) < 0) {
+            return -1;
+        }
+        i = find(t, key);
+        t->slots[i].key = key;
+        t->used++;
+    }
+    t->slots[i].mask = low;
+    return 0;
+}
+
+static int
+table_delete(KeyTable *t, PyObject *key_obj)
+{
+    int64_t key;
+    int found = key_of(key_obj, &key);
+    if (found < 0) {
+        return -1;
+    }
+    size_t i = 0;
+    if (found) { /* an empty table has no slots to look in */
+        found = t->capacity != 0 && t->slots[i = find(t, key)].key != EMPTY;
+    }
+    if (!found) {
+        PyErr_SetObject(PyExc_KeyError, key_obj);
+        return -1;
+    }
+    remove_at(t, i);
+    if (t->high != NULL && PyDict_DelItem(t->high, key_obj) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+            return -1;
+        }
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+/* The slot of `key_obj`, or -1 for none; -2 with an exception set on an error. */
+static Py_ssize_t
+table_slot(const KeyTable *t, PyObject *key_obj)
+{
+    int64_t key;
+    int found = key_of(key_obj, &key);
+    if (found <= 0) {
+        return found < 0 ? -2 : -1;
+    }
+    if (t->capacity == 0) {
+        return -1;
+    }
+    size_t i = find(t, key);
+    return t->slots[i].key == EMPTY ? -1 : (Py_ssize_t)i;
+}
+
+static PyObject *
+KeyTable_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs)) || !PyArg_ParseTuple(args, ":KeyTable")) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "KeyTable() takes no arguments");
+        }
+        return NULL;
+    }
+    KeyTable *t = (KeyTable *)type->tp_alloc(type, 0);
+    if (t != NULL) {
+        t->slots = NULL;
+        t->capacity = 0;
+        t->used = 0;
+        t->high = NULL;
+    }
+    return (PyObject *)t;
+}
+
+static void
+KeyTable_dealloc(KeyTable *t)
+{
+    PyMem_Free(t->slots);
+    Py_XDECREF(t->high);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t
+KeyTable_length(KeyTable *t)
+{
+    return t->used;
+}
+
+static PyObject *
+KeyTable_subscript(KeyTable *t, PyObject *key)
+{
+    Py_ssize_t i = table_slot(t, key);
+    if (i == -2) {
+        return NULL;
+    }
+    if (i == -1) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return mask_at(t, (size_t)i);
+}
+
+static int
+KeyTable_ass_subscript(KeyTable *t, PyObject *key, PyObject *value)
+{
+    return value == NULL ? table_delete(t, key) : table_set(t, key, value);
+}
+
+static int
+KeyTable_contains(KeyTable *t, PyObject *key)
+{
+    Py_ssize_t i = table_slot(t, key);
+    return i == -2 ? -1 : i >= 0;
+}
+
+static PyObject *
+KeyTable_get(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        return PyErr_Format(PyExc_TypeError, "get expected 1 or 2 arguments, got %zd", nargs);
+    }
+    Py_ssize_t i = table_slot(t, args[0]);
+    if (i == -2) {
+        return NULL;
+    }
+    if (i == -1) {
+        PyObject *fallback = nargs == 2 ? args[1] : Py_None;
+        Py_INCREF(fallback);
+        return fallback;
+    }
+    return mask_at(t, (size_t)i);
+}
+
+static PyObject *
+KeyTable_items(KeyTable *t, PyObject *unused)
+{
+    PyObject *items = PyList_New(0);
+    for (size_t i = 0; items != NULL && i < t->capacity; i++) {
+        if (t->slots[i].key == EMPTY) {
+            continue;
+        }
+        PyObject *mask = mask_at(t, i);
+        PyObject *item = mask == NULL ? NULL : Py_BuildValue("(LN)", (long long)t->slots[i].key, mask);
+        if (item == NULL || PyList_Append(items, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(items);
+            break;
+        }
+        Py_DECREF(item);
+    }
+    return items;
+}
+
+static PyObject *
+KeyTable_iter(KeyTable *t)
+{
+    PyObject *keys = PyList_New(0);
+    for (size_t i = 0; keys != NULL && i < t->capacity; i++) {
+        if (t->slots[i].key == EMPTY) {
+            continue;
+        }
+        PyObject *key = PyLong_FromLongLong(t->slots[i].key);
+        if (key == NULL || PyList_Append(keys, key) < 0) {
+            Py_XDECREF(key);
+            Py_CLEAR(keys);
+            break;
+        }
+        Py_DECREF(key);
+    }
+    if (keys == NULL) {
+        return NULL;
+    }
+    PyObject *iterator = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return iterator;
+}
+
+/* keys(): the table is its own keys view (in, len, iteration, isdisjoint), as Holdings asks. */
+static PyObject *
+KeyTable_keys(KeyTable *t, PyObject *unused)
+{
+    Py_INCREF(t);
+    return (PyObject *)t;
+}
+
+static PyObject *
+KeyTable_isdisjoint(KeyTable *t, PyObject *other)
+{
+    PyObject *iterator = PyObject_GetIter(other), *item;
+    if (iterator == NULL) {
+        return NULL;
+    }
+    while ((item = PyIter_Next(iterator)) != NULL) {
+        Py_ssize_t i = table_slot(t, item);
+        Py_DECREF(item);
+        if (i != -1) {
+            Py_DECREF(iterator);
+            return i == -2 ? NULL : Py_NewRef(Py_False);
+        }
+    }
+    Py_DECREF(iterator);
+    return PyErr_Occurred() ? NULL : Py_NewRef(Py_True);
+}
+
+static PyObject *
+KeyTable_update(KeyTable *t, PyObject *other)
+{
+    if (!PyDict_Check(other)) {
+        return PyErr_Format(PyExc_TypeError, "KeyTable.update takes a dict, not %R", other);
+    }
+    Py_ssize_t position = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(other, &position, &key, &value)) {
+        if (table_set(t, key, value) < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+KeyTable_clear(KeyTable *t, PyObject *unused)
+{
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+    t->capacity = 0;
+    t->used = 0;
+    Py_CLEAR(t->high);
+    Py_RETURN_NONE;
+}
+
+/* mirror(bit, runs): a worker's holds taken and let go of as its reader sent them (runs of
+   keys: taken, let go of, taken...), for a worker whose bit is below 1 << 64. A key let go of
+   that no worker holds is a KeyError, as `Holdings.release` gives. */
+static PyObject *
+KeyTable_mirror(KeyTable *t, PyObject *args)
+{
+    unsigned long long bit;
+    PyObject *runs;
+    if (!PyArg_ParseTuple(args, "KO:mirror", &bit, &runs)) {
+        return NULL;
+    }
+    PyObject *all = PySequence_Fast(runs, "mirror: runs must be a sequence");
+    if (all == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t number = 0; number < PySequence_Fast_GET_SIZE(all); number++) {
+        PyObject *run = PySequence_Fast(PySequence_Fast_GET_ITEM(all, number),
+                                        "mirror: a run must be a sequence of keys");
+        if (run == NULL) {
+            Py_DECREF(all);
+            return NULL;
+        }
+        PyObject **keys = PySequence_Fast_ITEMS(run);
+        for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(run); n++) {
+            int64_t key;
+            if (stored_key(keys[n], &key) < 0) {
+                goto error;
+            }
+            if (number % 2 == 0) { /* taken */
+                if (make_room(t) < 0) {
+                    goto error;
+                }
+                size_t i = find(t, key);
+                if (t->slots[i].key == EMPTY) {
+                    t->slots[i].key = key;
+                    t->slots[i].mask = 0;
+                    t->used++;
+                }
+                t->slots[i].mask |= bit;
+                continue;
+            }
+            size_t i = t->capacity ? find(t, key) : 0;
+            if (t->capacity == 0 || t->slots[i].key == EMPTY) {
+                PyErr_SetObject(PyExc_KeyError, keys[n]);
+                goto error;
+            }
+            t->slots[i].mask &= ~(uint64_t)bit;
+            if (t->slots[i].mask == 0) {
+                int high = t->high == NULL ? 0 : PyDict_Contains(t->high, keys[n]);
+                if (high < 0) {
+                    goto error;
+                }
+                if (!high) {
+                    remove_at(t, i);
+                }
+            }
+        }
+        Py_DECREF(run);
+        continue;
+    error:
+        Py_DECREF(run);
+        Py_DECREF(all);
+        return NULL;
+    }
+    Py_DECREF(all);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+KeyTable_sizeof(KeyTable *t, PyObject *unused)
+{
+    return PyLong_FromSize_t(sizeof(KeyTable) + t->capacity * sizeof(Slot));
+}
+
+static PyMappingMethods KeyTable_as_mapping = {
+    (lenfunc)KeyTable_length,
+    (binaryfunc)KeyTable_subscript,
+    (objobjargproc)KeyTable_ass_subscript,
+};
+
+static PySequenceMethods KeyTable_as_sequence = {
+    .sq_contains = (objobjproc)KeyTable_contains,
+};
+
+static PyMethodDef KeyTable_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))KeyTable_get, METH_FASTCALL,
+     "get(key, default=None): the key's mask, or default."},
+    {"items", (PyCFunction)KeyTable_items, METH_NOARGS, "items(): a list of (key, mask)."},
+    {"keys", (PyCFunction)KeyTable_keys, METH_NOARGS, "keys(): the table, its own keys view."},
+    {"isdisjoint", (PyCFunction)KeyTable_isdisjoint, METH_O,
+     "isdisjoint(keys): whether none of `keys` is here."},
+    {"update", (PyCFunction)KeyTable_update, METH_O, "update(mapping): store a dict's masks."},
+    {"clear", (PyCFunction)KeyTable_clear, METH_NOARGS, "clear(): forget every key."},
+    {"mirror", (PyCFunction)KeyTable_mirror, METH_VARARGS,
+     "mirror(bit, runs): take and let go of a worker's holds as its reader sent them."},
+    {"__sizeof__", (PyCFunction)KeyTable_sizeof, METH_NOARGS, "the table's bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject KeyTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tskv.core._compiled.KeyTable",
+    .tp_doc = "Content key -> mask of the workers holding it, as a dict of ints, compactly.",
+    .tp_basicsize = sizeof(KeyTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = KeyTable_new,
+    .tp_dealloc = (destructor)KeyTable_dealloc,
+    .tp_as_mapping = &KeyTable_as_mapping,
+    .tp_as_sequence = &KeyTable_as_sequence,
+    .tp_iter = (getiterfunc)KeyTable_iter,
+    .tp_methods = KeyTable_methods,
+};
+
+/* The mask of the workers holding `key`: real | predicted, 0 for none (a new reference). */
+static PyObject *
+holders_of(PyObject *real, PyObject *predicted, PyObject *key, PyObject *zero)
+{
+    PyObject *mask;
+    if (Py_IS_TYPE(real, &KeyTableType)) {
+        Py_ssize_t i = table_slot((KeyTable *)real, key);
+        if (i == -2) {
+            return NULL;
+        }
+        mask = i == -1 ? Py_NewRef(zero) : mask_at((KeyTable *)real, (size_t)i);
+    } else {
+        mask = PyDict_GetItemWithError(real, key); /* borrowed */
+        if (mask == NULL && PyErr_Occurred()) {
+            return NULL;
+        }
+        mask = Py_NewRef(mask == NULL ? zero : mask);
+    }
+    if (mask == NULL || predicted == Py_None) {
+        return mask;
+    }
+    PyObject *guess = PyDict_GetItemWithError(predicted, key);
+    if (guess == NULL) {
+        return PyErr_Occurred() ? (Py_DECREF(mask), NULL) : mask;
+    }
+    PyObject *either = PyNumber_Or(mask, guess);
+    Py_DECREF(mask);
+    return either;
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)(address))
+#endif
+
+#define AHEAD 8 /* blocks keyed ahead of the one looked up */
+
+/* walk() on a KeyTable whose masks all fit 64 bits, with no predictions: the masks stay C
+   integers, and a key becomes an int only for `keys_out`. A key depends on the one before,
+   but its slot's address does not depend on the table: so the next AHEAD keys are made and
+   their slots fetched from memory together, and the walk then finds them in the CPU's cache
+   (at millions of keys each lookup is a cache miss, the walk's whole cost). A key made ahead
+   past where the walk stops is not used, nor is any error in making it. */
+static PyObject *
+walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t blocks,
+           Py_ssize_t size, PyObject *keys_out)
+{
+    PyObject *changes = PyList_New(0);
+    if (changes == NULL) {
+        return NULL;
+    }
+    uint64_t active = ~(uint64_t)0;
+    Py_hash_t ahead[AHEAD];
+    for (Py_ssize_t start = 0; start < blocks; start += AHEAD) {
+        Py_ssize_t count = blocks - start < AHEAD ? blocks - start : AHEAD, made = 0;
+        PyObject *type = NULL, *value = NULL, *traceback = NULL; /* an error ahead, kept */
+        for (; made < count; made++) {
+            Py_hash_t content_hash = items_hash(items + (start + made) * size, size);
+            if (content_hash == -1) {
+                PyErr_Fetch(&type, &value, &traceback); /* raised only if the walk gets there */
+                break;
+            }
+            ahead[made] = pair_hash(parent_hash, content_hash);
+            parent_hash = int_hash(ahead[made]);
+            if (t->capacity) {
+                PREFETCH(&t->slots[home_of(ahead[made], t->capacity)]);
+            }
+        }
+        for (Py_ssize_t k = 0; k < made; k++) {
+            Py_ssize_t depth = start + k;
+            Py_hash_t key = ahead[k];
+            if (keys_out != Py_None) {
+                PyObject *as_int = PyLong_FromSsize_t(key);
+                if (as_int == NULL || PyList_Append(keys_out, as_int) < 0) {
+                    Py_XDECREF(as_int);
+                    goto failed;
+                }
+                Py_DECREF(as_int);
+            }
+            uint64_t held = 0;
+            if (t->capacity) {
+                size_t i = find(t, key);
+                held = t->slots[i].key == EMPTY ? 0 : active & t->slots[i].mask;
+            }
+            if (depth == 0 || held != active) { /* at 0: Python's `active` is -1, never a mask */
+                PyObject *change = Py_BuildValue("(nK)", depth, (unsigned long long)held);
+                if (change == NULL || PyList_Append(changes, change) < 0) {
+                    Py_XDECREF(change);
+                    goto failed;
+                }
+                Py_DECREF(change);
+            }
+            if (!held) {
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(traceback);
+                return Py_BuildValue("(Nn)", changes, blocks);
+            }
+            active = held;
+        }
+        if (made < count) { /* the walk reached the block whose key could not be made */
+            PyErr_Restore(type, value, traceback);
+            goto error;
+        }
+        continue;
+    failed:
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        goto error;
+    }
+    return Py_BuildValue("(Nn)", changes, blocks);
+error:
+    Py_DECREF(changes);
+    return NULL;
+}
+
+/* walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks)
+
+   Down the request's full blocks from root key `key`: `changes` lists (depth, held) each time
+   the workers holding every block so far (`held`, a mask) change, the last with held 0 where
+   no worker holds a block; `blocks` is the number of full blocks. Each key walked goes into
+   `keys_out` when it is a list. prefix_index._leading_counts turns this into counts. */
+static PyObject *
+walk(PyObject *module, PyObject *args)
+{
+    PyObject *real, *predicted, *key, *tokens, *keys_out;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "OOOOnO:walk", &real, &predicted, &key, &tokens, &size,
+                          &keys_out)) {
+        return NULL;
+    }
+    if (!PyDict_Check(real) && !Py_IS_TYPE(real, &KeyTableType)) {
+        return PyErr_Format(PyExc_TypeError, "walk: real must be a dict or a KeyTable");
+    }
+    if (predicted != Py_None && !PyDict_Check(predicted)) {
+        return PyErr_Format(PyExc_TypeError, "walk: predicted must be a dict or None");
+    }
+    if (keys_out != Py_None && !PyList_Check(keys_out)) {
+        return PyErr_Format(PyExc_TypeError, "walk: keys_out must be a list or None");
+    }
+    if (size < 1) {
+        return PyErr_Format(PyExc_ValueError, "walk: size = %zd must be at least 1", size);
+    }
+    PyObject *fast = PySequence_Fast(tokens, "walk: tokens must be a sequence");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    if (Py_IS_TYPE(real, &KeyTableType) && predicted == Py_None && !((KeyTable *)real)->high) {
+        Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0;
+        PyObject *result = root_hash == -1 ? NULL
+                                           : walk_table((KeyTable *)real, root_hash, items,
+                                                        blocks, size, keys_out);
+        Py_DECREF(fast);
+        return result;
+    }
+    PyObject *changes = PyList_New(0);
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *active = PyLong_FromLong(-1); /* every worker, until the first block says */
+    PyObject *current = key; /* the parent of the block at hand */
+    Py_INCREF(current);
+    if (changes == NULL || zero == NULL || active == NULL) {
+        goto error;
+    }
+    for (Py_ssize_t depth = 0; depth < blocks; depth++) {
+        /* the parent's hash, then the content's: the order Python hashes the pair in */
+        Py_hash_t parent_hash = key_hash(current);
+        if (parent_hash == -1) {
+            goto error;
+        }
+        Py_hash_t content_hash = items_hash(items + depth * size, size);
+        if (content_hash == -1) {
+            goto error;
+        }
+        Py_SETREF(current, PyLong_FromSsize_t(pair_hash(parent_hash, content_hash)));
+        if (current == NULL) {
+            goto error;
+        }
+        if (keys_out != Py_None && PyList_Append(keys_out, current) < 0) {
+            goto error;
+        }
+        PyObject *mask = holders_of(real, predicted, current, zero);
+        if (mask == NULL) {
+            goto error;
+        }
+        PyObject *held = PyNumber_And(active, mask);
+        Py_DECREF(mask);
+        if (held == NULL) {
+            goto error;
+        }
+        int same = PyObject_RichCompareBool(held, active, Py_EQ);
+        if (same < 0) {
+            Py_DECREF(held);
+            goto error;
+        }
+        if (!same) {
+            PyObject *change = Py_BuildValue("(nO)", depth, held);
+            if (change == NULL || PyList_Append(changes, change) < 0) {
+                Py_XDECREF(change);
+                Py_DECREF(held);
+                goto error;
+            }
+            Py_DECREF(change);
+        }
+        Py_SETREF(active, held);
+        int none = PyObject_Not(active);
+        if (none < 0) {
+            goto error;
+        }
+        if (none) {
+            break;
+        }
+    }
+    Py_DECREF(fast);
+    Py_DECREF(zero);
+    Py_DECREF(active);
+    Py_DECREF(current);
+    return Py_BuildValue("(Nn)", changes, blocks);
+error:
+    Py_DECREF(fast);
+    Py_XDECREF(changes);
+    Py_XDECREF(zero);
+    Py_XDECREF(active);
+    Py_XDECREF(current);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"chain", chain, METH_VARARGS,
+     "chain(key, blocks) -> list: block_keys.chain, compiled."},
+    {"walk", walk, METH_VARARGS,
+     "walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks): a match's walk."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "tskv.core._compiled",
+    "The prefix index's hot path, compiled (see tskv/core/compiled.py).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__compiled(void)
+{
+    if (PyType_Ready(&KeyTableType) < 0 || (ZERO == NULL && (ZERO = PyLong_FromLong(0)) == NULL)) {
+        return NULL;
+    }
+    PyObject *made = PyModule_Create(&module);
+    if (made != NULL && PyModule_AddObjectRef(made, "KeyTable", (PyObject *)&KeyTableType) < 0) {
+        Py_CLEAR(made);
+    }
+    return made;
+}
