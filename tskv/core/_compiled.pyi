@@ -2,11 +2,9 @@
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from tskv.core.holdings import HolderMap
-
 def chain(key: int | None, blocks: Sequence[Any], /) -> list[int | None]: ...
 def walk(
-    real: HolderMap,
+    real: dict[int, int] | KeyTable,
     predicted: dict[int, int] | None,
     key: int,
     tokens: Sequence[Any],
@@ -15,7 +13,7 @@ def walk(
     /,
 ) -> tuple[list[tuple[int, int]], int]: ...
 
-class KeyTable:
+class KeyTable:  # what Holdings uses of a dict (holdings.HolderMap), and mirror()
     def get(self, key: int, default: int, /) -> int: ...
     def __getitem__(self, key: int, /) -> int: ...
     def __setitem__(self, key: int, mask: int, /) -> None: ...

@@ -10,7 +10,7 @@ process, which mirrors it (`apply_changes`).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tskv.core import compiled
 from tskv.core.events import BlockStored
@@ -19,6 +19,9 @@ from tskv.core.hybrid import HybridView, Op
 from tskv.core.predictions import Predictions
 from tskv.core.tiers import BlockId, Tier
 
+if TYPE_CHECKING:
+    from tskv.core._compiled import KeyTable
+
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
@@ -26,23 +29,9 @@ ABSENT = -1  # hash() never returns -1, so no key is ever this
 Stored = tuple[BlockStored, list[Any]]  # an event, and its blocks' `block_keys.contents`
 
 
-class KeySet(Protocol):
-    def isdisjoint(self, keys: Iterable[int], /) -> bool: ...
-
-
-class HolderMap(Protocol):
-    """Content key -> mask of the workers holding it: a dict, or the compiled `KeyTable`,
-    which keeps it in 16 bytes a key where a dict of ints takes about 100."""
-
-    def get(self, key: int, default: int, /) -> int: ...
-    def __getitem__(self, key: int, /) -> int: ...
-    def __setitem__(self, key: int, mask: int, /) -> None: ...
-    def __delitem__(self, key: int, /) -> None: ...
-    def __contains__(self, key: object, /) -> bool: ...
-    def __len__(self) -> int: ...
-    def items(self) -> Iterable[tuple[int, int]]: ...
-    def keys(self) -> KeySet: ...
-    def update(self, masks: dict[int, int], /) -> None: ...
+# Content key -> mask of the workers holding it: a dict, or the compiled `KeyTable`, which keeps
+# it in 16 bytes a key where a dict of ints takes about 100 (tskv/core/_compiled.pyi types it)
+HolderMap: TypeAlias = "dict[int, int] | KeyTable"
 
 
 def holder_map() -> HolderMap:
