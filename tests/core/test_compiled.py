@@ -195,13 +195,25 @@ class KeyTableAsADict(RuleBasedStateMachine):
         self.table.update(new)
         self.model.update(new)
 
-    @rule(bit=bits, runs=st.lists(st.lists(keys, max_size=6), max_size=4))
-    def mirror(self, bit: int, runs: list[list[int]]) -> None:
-        """A reader's runs, as `Holdings.hold` and `release` take them for a mirrored worker."""
+    @rule(
+        bit=bits,
+        drawn=st.lists(
+            st.lists(st.one_of(keys, st.sampled_from([None, -1])), max_size=6), max_size=4
+        ),
+    )
+    def mirror(self, bit: int, drawn: list[list[int | None]]) -> None:
+        """A reader's runs, as `Holdings.hold` and `release` take them for a mirrored worker
+        (a let-go run may name None or ABSENT, -1, for a block that held nothing)."""
+        runs = [
+            run if number % 2 else [key for key in run if key is not None and key != -1]
+            for number, run in enumerate(drawn)
+        ]
         expected, raised = dict(self.model), None
         try:
             for number, run in enumerate(runs):
                 for key in run:
+                    if key is None or key == -1:
+                        continue
                     if number % 2 == 0:
                         expected[key] = expected.get(key, 0) | bit
                     elif (mask := expected[key] & ~bit) != 0:

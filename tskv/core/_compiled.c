@@ -255,6 +255,22 @@ key_of(PyObject *obj, int64_t *out)
     return 1;
 }
 
+/* Whether `obj` is the int -1, holdings.ABSENT: what a block that held nothing is let go as. */
+static int
+is_absent(PyObject *obj)
+{
+    if (!PyLong_Check(obj)) {
+        return 0;
+    }
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return !overflow && value == -1;
+}
+
 static int
 stored_key(PyObject *obj, int64_t *out)
 {
@@ -608,10 +624,14 @@ KeyTable_mirror(KeyTable *t, PyObject *args)
         PyObject **keys = PySequence_Fast_ITEMS(run);
         for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(run); n++) {
             int64_t key;
+            int letting_go = number % 2;
+            if (letting_go && (keys[n] == Py_None || is_absent(keys[n]))) {
+                continue; /* it held nothing: as Holdings.release skips it */
+            }
             if (stored_key(keys[n], &key) < 0) {
                 goto error;
             }
-            if (number % 2 == 0) { /* taken */
+            if (!letting_go) {
                 if (make_room(t) < 0) {
                     goto error;
                 }
