@@ -15,8 +15,10 @@ from typing import Any
 from benchmarks.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
 from benchmarks.processes import in_fresh_process, percentile
 from benchmarks.rounds import BLOCK
+from tskv.core import compiled
+from tskv.core.block_keys import root_key
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
-from tskv.core.prefix_index import PrefixIndex
+from tskv.core.prefix_index import PrefixIndex, _walk
 
 WORKERS = 64
 
@@ -234,7 +236,8 @@ def _long_prompts(held: int, count: int) -> list[list[int]]:
 
 def _long_prompt_side(dynamo_side: bool, conn: Connection) -> None:
     """One side's query latency for 2,000-token prompts at 3.2M cached blocks (fresh process:
-    the other side's memory is not in the way)."""
+    the other side's memory is not in the way); for tskv with the compiled core, also the walk
+    alone in each of its forms."""
     side: Any = DynamoSide(dynamo()) if dynamo_side else TskvSide()
     for worker, event in _fleet_events():
         side.apply(worker, event)
@@ -243,7 +246,45 @@ def _long_prompt_side(dynamo_side: bool, conn: Connection) -> None:
     for held in (CHAIN, 4):
         latencies, _ = _timed_matches(side, _long_prompts(held, 2_000))
         answers += [percentile(latencies, 0.5) * 1e6, percentile(latencies, 0.99) * 1e6]
-    conn.send(answers)
+    walks = None if dynamo_side or compiled.core is None else _walk_forms(side.index)
+    conn.send((answers, walks))
+
+
+def _walk_forms(index: PrefixIndex) -> list[tuple[str, float, float]]:
+    """The plain walk alone (40 blocks held), p50 and p99 µs: in Python over a dict of the
+    holders, in C over that dict, in C over the KeyTable the index keeps (keying ahead); and
+    the bytes a key of each map."""
+    assert compiled.core is not None
+    table = index._holdings.holders
+    tracemalloc.start()
+    as_dict = dict(table.items())
+    dict_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    root = root_key(None, None)
+    core = compiled.core
+    forms: list[tuple[str, Callable[[list[int]], Any]]] = [
+        (
+            "in Python, over a dict",
+            lambda p: _walk((as_dict, None), root, (p, None, None), BLOCK, 0, None),
+        ),
+        ("in C, over the same dict", lambda p: core.walk(as_dict, None, root, p, BLOCK, None)),
+        (
+            "in C, over KeyTable, keying 8 blocks ahead",
+            lambda p: core.walk(table, None, root, p, BLOCK, None),
+        ),
+    ]
+    prompts = _long_prompts(CHAIN, 2_000)
+    found = []
+    for name, walk in forms:
+        latencies = []
+        for prompt in prompts:
+            began = time.perf_counter()
+            walk(prompt)
+            latencies.append(time.perf_counter() - began)
+        found.append((name, percentile(latencies, 0.5) * 1e6, percentile(latencies, 0.99) * 1e6))
+    keys = len(table)
+    found.append(("bytes a key: KeyTable, dict", table.__sizeof__() / keys, dict_bytes / keys))
+    return found
 
 
 def _long_prompt_section(out: Callable[[str], None], llm: Any | None) -> None:
@@ -253,10 +294,23 @@ def _long_prompt_section(out: Callable[[str], None], llm: Any | None) -> None:
     )
     out("| index | 40 blocks held: p50 / p99 | 4 blocks held: p50 / p99 |")
     out("|---|---|---|")
+    walks = None
     for dynamo_side in (False, True) if llm is not None else (False,):
-        p50, p99, short_p50, short_p99 = in_fresh_process(_long_prompt_side, dynamo_side)
+        answers, found = in_fresh_process(_long_prompt_side, dynamo_side)
+        p50, p99, short_p50, short_p99 = answers
+        walks = walks or found
         name = DynamoSide.name if dynamo_side else TskvSide.name
         out(f"| {name} | {p50:.1f} / {p99:.1f} µs | {short_p50:.1f} / {short_p99:.1f} µs |")
+    if walks is None:
+        out("\n(the pure-Python modules ran: the compiled core's walks are not measured)")
+        return
+    *forms, (_, table_bytes, dict_bytes) = walks
+    out("\nThe plain walk alone, 40 blocks held, the same index (compiled core):\n")
+    out("| walk | p50 / p99 |")
+    out("|---|---|")
+    for name, p50, p99 in forms:
+        out(f"| {name} | {p50:.1f} / {p99:.1f} µs |")
+    out(f"\nThe holders map: KeyTable {table_bytes:.1f} B a key, a dict of ints {dict_bytes:.1f} B")
 
 
 def fleet_section(out: Callable[[str], None]) -> None:
