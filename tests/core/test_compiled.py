@@ -228,6 +228,16 @@ class KeyTableAsADict(RuleBasedStateMachine):
         else:  # the table kept what it did before the missing key: carry on from the table
             self.model = dict(self.table.items())
 
+    @rule(bits=st.integers(0, 2**64 - 1))
+    def clear_bits(self, bits: int) -> None:
+        """What `Holdings.clear` does when a reader's workers all let go at once."""
+        self.table.clear_bits(bits)
+        for key, mask in list(self.model.items()):
+            if mask & ~bits:
+                self.model[key] = mask & ~bits
+            else:
+                del self.model[key]
+
     @rule()
     def clear(self) -> None:
         self.table.clear()

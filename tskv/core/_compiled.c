@@ -671,6 +671,44 @@ KeyTable_mirror(KeyTable *t, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* clear_bits(bits): every key's mask without `bits` (below 1 << 64), a key left with none
+   removed: the workers of a reader that died let go of everything at once, in one pass over
+   the slots instead of a Python loop over millions of keys. */
+static PyObject *
+KeyTable_clear_bits(KeyTable *t, PyObject *arg)
+{
+    unsigned long long bits = PyLong_AsUnsignedLongLong(arg);
+    if (bits == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    size_t i = 0;
+    while (i < t->capacity) {
+        Slot *slot = &t->slots[i];
+        if (slot->key == EMPTY || !(slot->mask & bits)) {
+            i++;
+            continue;
+        }
+        slot->mask &= ~(uint64_t)bits;
+        int high = 0;
+        if (slot->mask == 0 && t->high != NULL) {
+            PyObject *key = PyLong_FromLongLong(slot->key);
+            high = key == NULL ? -1 : PyDict_Contains(t->high, key);
+            Py_XDECREF(key);
+            if (high < 0) {
+                return NULL;
+            }
+        }
+        if (slot->mask == 0 && !high) {
+            /* a later key may move back into slot i: look at it again (a key that moves from
+               the table's start to its end is looked at twice, which changes nothing) */
+            remove_at(t, i);
+        } else {
+            i++;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 KeyTable_sizeof(KeyTable *t, PyObject *unused)
 {
@@ -698,6 +736,8 @@ static PyMethodDef KeyTable_methods[] = {
     {"clear", (PyCFunction)KeyTable_clear, METH_NOARGS, "clear(): forget every key."},
     {"mirror", (PyCFunction)KeyTable_mirror, METH_VARARGS,
      "mirror(bit, runs): take and let go of a worker's holds as its reader sent them."},
+    {"clear_bits", (PyCFunction)KeyTable_clear_bits, METH_O,
+     "clear_bits(bits): take `bits` out of every mask, and the keys left with none."},
     {"__sizeof__", (PyCFunction)KeyTable_sizeof, METH_NOARGS, "the table's bytes"},
     {NULL, NULL, 0, NULL},
 };

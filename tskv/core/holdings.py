@@ -255,6 +255,13 @@ class Holdings:
         if not mirrored:
             return
         holders, keep = self.holders, ~mirrored
+        if (
+            compiled.core is not None
+            and isinstance(holders, compiled.core.KeyTable)
+            and mirrored < 1 << 64
+        ):  # 3.2M keys: 1.4 s in the loop below, one pass over the slots in C
+            holders.clear_bits(mirrored)
+            return
         for key in [key for key, mask in holders.items() if mask & mirrored]:
             mask = holders[key] & keep
             if mask:
