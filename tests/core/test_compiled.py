@@ -5,6 +5,7 @@ suite runs the index on whichever this process uses (the compiled one where it i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -302,3 +303,19 @@ def test_a_walk_over_the_table_is_the_walk_over_a_dict() -> None:
         assert _compiled.walk(table, {key: 8}, 1, request, 2, None) == _walk(
             (masks, {key: 8}), 1, (request, None, None), 2, 0, None
         )
+
+
+@settings(max_examples=300)
+@given(
+    st.one_of(bits, st.integers(-5, 2**70), junk),
+    st.one_of(st.lists(st.lists(st.one_of(keys, junk), max_size=4), max_size=3), junk),
+)
+def test_malformed_runs_are_refused_without_harm(bit: Any, runs: Any) -> None:
+    """What a broken reader frame could hand `mirror`: an error (the frame is refused), never a
+    crash, and the table still answers as a dict of what it holds."""
+    table = _compiled.KeyTable()
+    table.update({hash(("kept",)): 1})
+    with contextlib.suppress(TypeError, KeyError, OverflowError, ValueError):
+        table.mirror(bit, runs)
+    assert dict(table.items()) == {key: table[key] for key in table}
+    assert len(table) == len(dict(table.items()))
