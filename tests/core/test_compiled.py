@@ -319,3 +319,69 @@ def test_malformed_runs_are_refused_without_harm(bit: Any, runs: Any) -> None:
         table.mirror(bit, runs)
     assert dict(table.items()) == {key: table[key] for key in table}
     assert len(table) == len(dict(table.items()))
+
+
+block_ids = st.one_of(
+    st.sampled_from([0, 1, 2**63, 2**64 - 2, 2**64 - 1, 2**64, -1, -(2**63)]),
+    st.integers(0, 40),
+    st.tuples(
+        st.sampled_from(["GPU", "CPU", None]), st.sampled_from([0, 1, None]), st.integers(0, 9)
+    ),
+)
+block_values = st.one_of(
+    st.none(), keys, st.integers(-(2**63), 2**63 - 1), st.just(-1), st.just(2**70)
+)
+
+
+class BlockMapAsADict(RuleBasedStateMachine):
+    """Every operation the index makes on a worker's blocks, on BlockMap and on a dict side by
+    side: ids a slot holds and ids it cannot (tuples, negative, past 64 bits), keys and None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = _compiled.BlockMap()
+        self.model: dict[Any, Any] = {}
+
+    @rule(block=block_ids, key=block_values)
+    def store(self, block: Any, key: Any) -> None:
+        self.blocks[block] = key
+        self.model[block] = key
+
+    @rule(block=block_ids, default=st.sampled_from([None, -1, "absent"]))
+    def pop(self, block: Any, default: Any) -> None:
+        assert self.blocks.pop(block, default) == self.model.pop(block, default)
+
+    @rule(block=block_ids)
+    def delete(self, block: Any) -> None:
+        assert outcome(self.blocks.__delitem__, block) == outcome(self.model.__delitem__, block)
+
+    @rule(block=block_ids, key=block_values)
+    def setdefault(self, block: Any, key: Any) -> None:
+        assert self.blocks.setdefault(block, key) == self.model.setdefault(block, key)
+
+    @rule(pairs=st.lists(st.tuples(block_ids, block_values), max_size=5))
+    def update(self, pairs: list[tuple[Any, Any]]) -> None:
+        ids, values = [block for block, _ in pairs], [key for _, key in pairs]
+        self.blocks.update(zip(ids, values, strict=True))
+        self.model.update(zip(ids, values, strict=True))
+
+    @rule()
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.model.clear()
+
+    @invariant()
+    def reads_alike(self) -> None:
+        assert len(self.blocks) == len(self.model)
+        assert dict(self.blocks.items()) == self.model
+        assert sorted(map(repr, self.blocks)) == sorted(map(repr, self.model))
+        assert sorted(map(repr, self.blocks.values())) == sorted(map(repr, self.model.values()))
+        for block in (*self.model, 7, (None, None, 7), 2**64 + 5):
+            assert self.blocks.get(block, -1) == self.model.get(block, -1)
+            assert (block in self.blocks) == (block in self.model)
+            assert outcome(self.blocks.__getitem__, block) == outcome(self.model.__getitem__, block)
+        assert self.blocks.keys().isdisjoint([7, 8]) == self.model.keys().isdisjoint([7, 8])
+
+
+TestBlockMapAsADict = BlockMapAsADict.TestCase
+TestBlockMapAsADict.settings = settings(max_examples=150, stateful_step_count=40)

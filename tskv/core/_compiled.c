@@ -16,6 +16,8 @@ What it holds:
     ints would be, in 16 bytes a slot: a Python dict of 3.2M int keys and masks costs about
     100 bytes a key and three cache misses a lookup (the table, the entry, the key object);
     this costs one. Masks past 64 workers keep their high bits in a dict beside it.
+  BlockMap: a worker's blocks (engine hash -> content key) in the same slots, what no slot
+    can hold (a tiered block's tuple, an orphan's None) in a dict beside them.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -756,6 +758,429 @@ static PyTypeObject KeyTableType = {
     .tp_methods = KeyTable_methods,
 };
 
+/* ---- BlockMap: a worker's blocks, engine hash -> content key, as a dict would keep them ----
+
+The usual entry, an engine hash within 0..2**64 - 2 and a key from hash() (never -1), is a
+16-byte slot of the same table KeyTable uses (the hash's bits as its key, the key's bits as its
+mask); anything else (a tiered block's tuple, a negative hash, a None key: an orphan) goes in a
+dict beside it (`other`). An id is in one place or the other, never both. Iteration follows the
+slots, not the order of insertion: nothing the index does with a worker's blocks depends on it.
+*/
+
+static PyTypeObject BlockMapType;
+
+/* 1 and the id's bits if `obj` is an int a slot can hold; 0 if not; -1 on an error. */
+static int
+id_of(PyObject *obj, int64_t *out)
+{
+    if (!PyLong_Check(obj)) {
+        return 0;
+    }
+    unsigned long long bits = PyLong_AsUnsignedLongLong(obj);
+    if (bits == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return -1;
+        }
+        PyErr_Clear(); /* negative, or past 64 bits */
+        return 0;
+    }
+    if (bits == (unsigned long long)-1) {
+        return 0; /* 2**64 - 1: its bits are EMPTY's */
+    }
+    *out = (int64_t)bits;
+    return 1;
+}
+
+/* 1 and the value if `obj` is an int a slot can hold (a key from hash(), not -1); 0 if not. */
+static int
+value_of(PyObject *obj, int64_t *out)
+{
+    return key_of(obj, out);
+}
+
+static PyObject *
+id_object(int64_t bits)
+{
+    return PyLong_FromUnsignedLongLong((unsigned long long)bits);
+}
+
+/* The slot of `id`, or -1 for none. */
+static inline Py_ssize_t
+slot_of_id(const KeyTable *t, int64_t id)
+{
+    if (t->capacity == 0) {
+        return -1;
+    }
+    size_t i = find(t, id);
+    return t->slots[i].key == EMPTY ? -1 : (Py_ssize_t)i;
+}
+
+/* The value of `key` (a new reference), or NULL: with KeyError set when missing and `missing`
+   is NULL, else `missing` itself (a new reference). */
+static PyObject *
+block_get(KeyTable *t, PyObject *key, PyObject *missing)
+{
+    int64_t id;
+    int fits = id_of(key, &id);
+    if (fits < 0) {
+        return NULL;
+    }
+    if (fits) {
+        Py_ssize_t i = slot_of_id(t, id);
+        if (i >= 0) {
+            return PyLong_FromLongLong((long long)t->slots[i].mask);
+        }
+    }
+    if (t->high != NULL) {
+        PyObject *found = PyDict_GetItemWithError(t->high, key); /* borrowed */
+        if (found != NULL) {
+            return Py_NewRef(found);
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    if (missing == NULL) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return Py_NewRef(missing);
+}
+
+static int
+other_delete(KeyTable *t, PyObject *key, int must)
+{
+    if (t->high == NULL || PyDict_DelItem(t->high, key) == 0) {
+        if (t->high == NULL && must) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        return 0;
+    }
+    if (!must && PyErr_ExceptionMatches(PyExc_KeyError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+static int
+block_set(KeyTable *t, PyObject *key, PyObject *value)
+{
+    int64_t id, stored;
+    int fits = id_of(key, &id);
+    if (fits < 0) {
+        return -1;
+    }
+    int holds = fits ? value_of(value, &stored) : 0;
+    if (holds < 0) {
+        return -1;
+    }
+    if (holds) {
+        if (t->high != NULL && PyDict_GET_SIZE(t->high) && other_delete(t, key, 0) < 0) {
+            return -1;
+        }
+        if (make_room(t) < 0) {
+            return -1;
+        }
+        size_t i = find(t, id);
+        if (t->slots[i].key == EMPTY) {
+            t->slots[i].key = id;
+            t->used++;
+        }
+        t->slots[i].mask = (uint64_t)stored;
+        return 0;
+    }
+    if (fits) {
+        Py_ssize_t i = slot_of_id(t, id);
+        if (i >= 0) {
+            remove_at(t, (size_t)i);
+        }
+    }
+    if (t->high == NULL && (t->high = PyDict_New()) == NULL) {
+        return -1;
+    }
+    return PyDict_SetItem(t->high, key, value);
+}
+
+static int
+block_delete(KeyTable *t, PyObject *key)
+{
+    int64_t id;
+    int fits = id_of(key, &id);
+    if (fits < 0) {
+        return -1;
+    }
+    if (fits) {
+        Py_ssize_t i = slot_of_id(t, id);
+        if (i >= 0) {
+            remove_at(t, (size_t)i);
+            return 0;
+        }
+    }
+    return other_delete(t, key, 1);
+}
+
+static PyObject *
+BlockMap_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs)) || !PyArg_ParseTuple(args, ":BlockMap")) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "BlockMap() takes no arguments");
+        }
+        return NULL;
+    }
+    KeyTable *t = (KeyTable *)type->tp_alloc(type, 0);
+    if (t != NULL) {
+        t->slots = NULL;
+        t->capacity = 0;
+        t->used = 0;
+        t->high = NULL; /* the entries no slot can hold */
+    }
+    return (PyObject *)t;
+}
+
+static Py_ssize_t
+BlockMap_length(KeyTable *t)
+{
+    return t->used + (t->high == NULL ? 0 : PyDict_GET_SIZE(t->high));
+}
+
+static PyObject *
+BlockMap_subscript(KeyTable *t, PyObject *key)
+{
+    return block_get(t, key, NULL);
+}
+
+static int
+BlockMap_ass_subscript(KeyTable *t, PyObject *key, PyObject *value)
+{
+    return value == NULL ? block_delete(t, key) : block_set(t, key, value);
+}
+
+static int
+BlockMap_contains(KeyTable *t, PyObject *key)
+{
+    PyObject *found = block_get(t, key, Py_None);
+    if (found == NULL) {
+        return -1;
+    }
+    Py_DECREF(found);
+    if (found != Py_None) {
+        return 1;
+    }
+    /* None is also what an orphan's entry holds: ask the dict it would be in */
+    return t->high == NULL ? 0 : PyDict_Contains(t->high, key);
+}
+
+static PyObject *
+BlockMap_get(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        return PyErr_Format(PyExc_TypeError, "get expected 1 or 2 arguments, got %zd", nargs);
+    }
+    return block_get(t, args[0], nargs == 2 ? args[1] : Py_None);
+}
+
+static PyObject *
+BlockMap_pop(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        return PyErr_Format(PyExc_TypeError, "pop expected 1 or 2 arguments, got %zd", nargs);
+    }
+    int present = BlockMap_contains(t, args[0]);
+    if (present < 0) {
+        return NULL;
+    }
+    if (!present) {
+        if (nargs == 2) {
+            return Py_NewRef(args[1]);
+        }
+        PyErr_SetObject(PyExc_KeyError, args[0]);
+        return NULL;
+    }
+    PyObject *value = block_get(t, args[0], NULL);
+    if (value != NULL && block_delete(t, args[0]) < 0) {
+        Py_CLEAR(value);
+    }
+    return value;
+}
+
+static PyObject *
+BlockMap_setdefault(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        return PyErr_Format(PyExc_TypeError, "setdefault expected 1 or 2 arguments");
+    }
+    PyObject *fallback = nargs == 2 ? args[1] : Py_None;
+    int present = BlockMap_contains(t, args[0]);
+    if (present < 0) {
+        return NULL;
+    }
+    if (present) {
+        return block_get(t, args[0], NULL);
+    }
+    return block_set(t, args[0], fallback) < 0 ? NULL : Py_NewRef(fallback);
+}
+
+/* What `part` asks of every entry: 0 ids, 1 values, 2 (id, value) pairs; as a list. */
+static PyObject *
+block_list(KeyTable *t, int part)
+{
+    PyObject *found = PyList_New(0);
+    for (size_t i = 0; found != NULL && i < t->capacity; i++) {
+        if (t->slots[i].key == EMPTY) {
+            continue;
+        }
+        PyObject *item;
+        if (part == 0) {
+            item = id_object(t->slots[i].key);
+        } else if (part == 1) {
+            item = PyLong_FromLongLong((long long)t->slots[i].mask);
+        } else {
+            item = Py_BuildValue("(NL)", id_object(t->slots[i].key), (long long)t->slots[i].mask);
+        }
+        if (item == NULL || PyList_Append(found, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(found);
+        } else {
+            Py_DECREF(item);
+        }
+    }
+    if (found == NULL || t->high == NULL) {
+        return found;
+    }
+    PyObject *rest = part == 0   ? PyDict_Keys(t->high)
+                     : part == 1 ? PyDict_Values(t->high)
+                                 : PyDict_Items(t->high);
+    if (rest == NULL) {
+        Py_DECREF(found);
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(found);
+    int failed = PyList_SetSlice(found, size, size, rest) < 0;
+    Py_DECREF(rest);
+    if (failed) {
+        Py_CLEAR(found);
+    }
+    return found;
+}
+
+static PyObject *
+BlockMap_iter(KeyTable *t)
+{
+    PyObject *ids = block_list(t, 0);
+    if (ids == NULL) {
+        return NULL;
+    }
+    PyObject *iterator = PyObject_GetIter(ids);
+    Py_DECREF(ids);
+    return iterator;
+}
+
+static PyObject *
+BlockMap_values(KeyTable *t, PyObject *unused)
+{
+    return block_list(t, 1);
+}
+
+static PyObject *
+BlockMap_items(KeyTable *t, PyObject *unused)
+{
+    return block_list(t, 2);
+}
+
+static PyObject *
+BlockMap_isdisjoint(KeyTable *t, PyObject *other)
+{
+    PyObject *iterator = PyObject_GetIter(other), *item;
+    if (iterator == NULL) {
+        return NULL;
+    }
+    while ((item = PyIter_Next(iterator)) != NULL) {
+        int present = BlockMap_contains(t, item);
+        Py_DECREF(item);
+        if (present) {
+            Py_DECREF(iterator);
+            return present < 0 ? NULL : Py_NewRef(Py_False);
+        }
+    }
+    Py_DECREF(iterator);
+    return PyErr_Occurred() ? NULL : Py_NewRef(Py_True);
+}
+
+/* update(pairs): a dict, or any iterable of (id, value) pairs (zip(ids, keys), say). */
+static PyObject *
+BlockMap_update(KeyTable *t, PyObject *pairs)
+{
+    PyObject *source = PyDict_Check(pairs) ? PyDict_Items(pairs) : Py_NewRef(pairs);
+    PyObject *iterator = source == NULL ? NULL : PyObject_GetIter(source), *pair;
+    Py_XDECREF(source);
+    if (iterator == NULL) {
+        return NULL;
+    }
+    while ((pair = PyIter_Next(iterator)) != NULL) {
+        int failed = !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2;
+        if (failed) {
+            PyErr_Format(PyExc_TypeError, "BlockMap.update takes (id, key) pairs, not %R", pair);
+        } else {
+            failed = block_set(t, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)) < 0;
+        }
+        Py_DECREF(pair);
+        if (failed) {
+            Py_DECREF(iterator);
+            return NULL;
+        }
+    }
+    Py_DECREF(iterator);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMappingMethods BlockMap_as_mapping = {
+    (lenfunc)BlockMap_length,
+    (binaryfunc)BlockMap_subscript,
+    (objobjargproc)BlockMap_ass_subscript,
+};
+
+static PySequenceMethods BlockMap_as_sequence = {
+    .sq_contains = (objobjproc)BlockMap_contains,
+};
+
+static PyMethodDef BlockMap_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))BlockMap_get, METH_FASTCALL,
+     "get(id, default=None): the block's key, or default."},
+    {"pop", (PyCFunction)(void (*)(void))BlockMap_pop, METH_FASTCALL,
+     "pop(id[, default]): the block's key, taken out."},
+    {"setdefault", (PyCFunction)(void (*)(void))BlockMap_setdefault, METH_FASTCALL,
+     "setdefault(id, default=None): the block's key, stored first if it had none."},
+    {"keys", (PyCFunction)KeyTable_keys, METH_NOARGS, "keys(): the map, its own keys view."},
+    {"values", (PyCFunction)BlockMap_values, METH_NOARGS, "values(): a list of the keys."},
+    {"items", (PyCFunction)BlockMap_items, METH_NOARGS, "items(): a list of (id, key)."},
+    {"isdisjoint", (PyCFunction)BlockMap_isdisjoint, METH_O,
+     "isdisjoint(ids): whether none of `ids` is here."},
+    {"update", (PyCFunction)BlockMap_update, METH_O, "update(pairs): store (id, key) pairs."},
+    {"clear", (PyCFunction)KeyTable_clear, METH_NOARGS, "clear(): forget every block."},
+    {"__sizeof__", (PyCFunction)KeyTable_sizeof, METH_NOARGS, "the table's bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BlockMapType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tskv.core._compiled.BlockMap",
+    .tp_doc = "A worker's blocks, engine hash -> content key, as a dict, compactly.",
+    .tp_basicsize = sizeof(KeyTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = BlockMap_new,
+    .tp_dealloc = (destructor)KeyTable_dealloc,
+    .tp_as_mapping = &BlockMap_as_mapping,
+    .tp_as_sequence = &BlockMap_as_sequence,
+    .tp_iter = (getiterfunc)BlockMap_iter,
+    .tp_methods = BlockMap_methods,
+};
+
 /* The mask of the workers holding `key`: real | predicted, 0 for none (a new reference). */
 static PyObject *
 holders_of(PyObject *real, PyObject *predicted, PyObject *key, PyObject *zero)
@@ -1002,11 +1427,14 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__compiled(void)
 {
-    if (PyType_Ready(&KeyTableType) < 0 || (ZERO == NULL && (ZERO = PyLong_FromLong(0)) == NULL)) {
+    if (PyType_Ready(&KeyTableType) < 0 || PyType_Ready(&BlockMapType) < 0 ||
+        (ZERO == NULL && (ZERO = PyLong_FromLong(0)) == NULL)) {
         return NULL;
     }
     PyObject *made = PyModule_Create(&module);
-    if (made != NULL && PyModule_AddObjectRef(made, "KeyTable", (PyObject *)&KeyTableType) < 0) {
+    if (made != NULL &&
+        (PyModule_AddObjectRef(made, "KeyTable", (PyObject *)&KeyTableType) < 0 ||
+         PyModule_AddObjectRef(made, "BlockMap", (PyObject *)&BlockMapType) < 0)) {
         Py_CLEAR(made);
     }
     return made;

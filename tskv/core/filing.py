@@ -26,7 +26,7 @@ from tskv.core.events import (
 from tskv.core.groups import FULL_KINDS, group_of
 from tskv.core.holdings import ABSENT, Holdings, Stored, Worker, WorkerBlocks, note_run
 from tskv.core.hybrid import HybridView, is_device, plain_tiers, stored_again
-from tskv.core.tiers import BlockId, Tier, block_id, block_ids, tier_of
+from tskv.core.tiers import BlockId, BlockKeys, Tier, block_id, block_ids, tier_of
 
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
 
@@ -135,7 +135,7 @@ class Filing:
     def _first_key(
         event: BlockStored,
         tier: Tier,
-        blocks: dict[BlockId, int | None],
+        blocks: BlockKeys,
         ids: Sequence[BlockId] = (),
         keys: Sequence[int | None] = (),
     ) -> int | None:
@@ -147,7 +147,8 @@ class Filing:
             return root_key(event.lora_name, event.cache_salt)
         parent_id = block_id(tier, parent)
         if parent_id in blocks:
-            return blocks[parent_id]
+            key: int | None = blocks[parent_id]
+            return key
         if parent_id in ids:
             return keys[len(ids) - 1 - ids[::-1].index(parent_id)]
         return None

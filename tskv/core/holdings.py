@@ -17,7 +17,7 @@ from tskv.core.events import BlockStored
 from tskv.core.groups import CacheGroup
 from tskv.core.hybrid import HybridView, Op
 from tskv.core.predictions import Predictions
-from tskv.core.tiers import BlockId, Tier
+from tskv.core.tiers import BlockId, BlockKeys, Tier
 
 if TYPE_CHECKING:
     from tskv.core._compiled import KeyTable
@@ -37,6 +37,11 @@ HolderMap: TypeAlias = "dict[int, int] | KeyTable"
 def holder_map() -> HolderMap:
     """A new, empty map of holders: the compiled table where this process uses it."""
     return {} if compiled.core is None else compiled.core.KeyTable()
+
+
+def block_keys_map() -> BlockKeys:
+    """A new, empty map of a worker's blocks: the compiled one where this process uses it."""
+    return {} if compiled.core is None else compiled.core.BlockMap()
 
 
 class _Bits:
@@ -100,7 +105,7 @@ class WorkerBlocks:
         self.hybrid: HybridView | None = None  # its groups and tiers, once it needs them
         self.lookahead = 0  # tokens after a block its engine's hash covers (vLLM's lookahead)
         # engine hash (and tier) -> key; a hybrid worker's larger blocks: their keys
-        self.blocks: dict[BlockId, Any] = {}
+        self.blocks = block_keys_map()
         # a block's copies in its tier beyond the first: an event that names its group keeps
         # one per store (vLLM stores a block again when another group cut a hit short)
         self.copies: dict[BlockId, int] = {}

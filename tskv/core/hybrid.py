@@ -18,7 +18,7 @@ from typing import Any
 from tskv.core.block_keys import chain, contents, identities, root_key
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
 from tskv.core.groups import GroupSet, Held
-from tskv.core.tiers import BlockId, Tier, block_id, tier_of
+from tskv.core.tiers import BlockKeys, Tier, block_id, tier_of
 
 DEVICE_MEDIA = frozenset({"GPU", "HBM", "DEVICE"})  # what the engine's own prefix cache reuses
 
@@ -53,9 +53,7 @@ class HybridView:
 
     # -- storing and removing: what the holdings' union must take and let go of ----------
 
-    def store(
-        self, event: BlockStored, blocks: dict[BlockId, Any], learned: Mapping[int, int]
-    ) -> Change:
+    def store(self, event: BlockStored, blocks: BlockKeys, learned: Mapping[int, int]) -> Change:
         """File the event's blocks in its tier. Hashes and tokens that line up are keyed by
         chaining from the parent, as any worker's. vLLM 0.33 leaves out of a group's hashes the
         blocks it does not keep, while its tokens cover them all: those hashes are found by
@@ -125,7 +123,7 @@ class HybridView:
         # `BlockHashListWithBlockSize`), and a chain's key names its whole prefix
         return [keys[i * scale + scale - 1] for i in range(count)], strings
 
-    def remove(self, event: BlockRemoved, blocks: dict[BlockId, Any]) -> list[int]:
+    def remove(self, event: BlockRemoved, blocks: BlockKeys) -> list[int]:
         """Let go of one copy of each block in the event's tier; the keys let go of."""
         tier, let_go = tier_of(event), []
         for block in event.block_hashes:
@@ -308,9 +306,7 @@ class Change:
         self.strings = False
 
 
-def plain_tiers(
-    blocks: Mapping[Any, int | None], copies: Mapping[Any, int]
-) -> dict[Tier, dict[int, int]]:
+def plain_tiers(blocks: BlockKeys, copies: Mapping[Any, int]) -> dict[Tier, dict[int, int]]:
     """The tiers of a plain worker's blocks (engine hash, or (medium, group, hash), to key;
     and their copies beyond the first)."""
     tiers: dict[Tier, dict[int, int]] = {}

@@ -11,13 +11,19 @@ this one value.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    from tskv.core._compiled import BlockMap
 
 Tier = tuple[str | None, int | None]  # (medium, group_idx); None where the event names neither
 UNTIERED: Tier = (None, None)  # an event that names no tier: TokenSpeed's wire, older engines
 # How a worker's view names one of its blocks: the engine's hash, with its tier when the event
 # names one (a block is held once per tier).
 BlockId = int | tuple[str | None, int | None, int]
+# A worker's blocks, BlockId -> key (None: an orphan): a dict, or the compiled `BlockMap`, which
+# keeps the usual entry in 16 bytes where a dict of ints takes about 100
+BlockKeys: TypeAlias = "dict[BlockId, Any] | BlockMap"
 
 
 class Tiered(Protocol):
