@@ -425,14 +425,12 @@ table_slot(const KeyTable *t, PyObject *key_obj)
     return t->slots[i].key == EMPTY ? -1 : (Py_ssize_t)i;
 }
 
+/* KeyTable() and BlockMap(): both empty, both the same struct. */
 static PyObject *
-KeyTable_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs)) || !PyArg_ParseTuple(args, ":KeyTable")) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "KeyTable() takes no arguments");
-        }
-        return NULL;
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args)) {
+        return PyErr_Format(PyExc_TypeError, "%s() takes no arguments", type->tp_name);
     }
     KeyTable *t = (KeyTable *)type->tp_alloc(type, 0);
     if (t != NULL) {
@@ -523,6 +521,18 @@ KeyTable_items(KeyTable *t, PyObject *unused)
     return items;
 }
 
+/* An iterator over `items` (a new reference, taken), or NULL if it is NULL. */
+static PyObject *
+iterate(PyObject *items)
+{
+    if (items == NULL) {
+        return NULL;
+    }
+    PyObject *iterator = PyObject_GetIter(items);
+    Py_DECREF(items);
+    return iterator;
+}
+
 static PyObject *
 KeyTable_iter(KeyTable *t)
 {
@@ -539,12 +549,7 @@ KeyTable_iter(KeyTable *t)
         }
         Py_DECREF(key);
     }
-    if (keys == NULL) {
-        return NULL;
-    }
-    PyObject *iterator = PyObject_GetIter(keys);
-    Py_DECREF(keys);
-    return iterator;
+    return iterate(keys);
 }
 
 /* keys(): the table is its own keys view (in, len, iteration, isdisjoint), as Holdings asks. */
@@ -555,23 +560,30 @@ KeyTable_keys(KeyTable *t, PyObject *unused)
     return (PyObject *)t;
 }
 
+/* Whether none of `other`'s items is in the table, as `contains` says. */
 static PyObject *
-KeyTable_isdisjoint(KeyTable *t, PyObject *other)
+disjoint(KeyTable *t, PyObject *other, int (*contains)(KeyTable *, PyObject *))
 {
     PyObject *iterator = PyObject_GetIter(other), *item;
     if (iterator == NULL) {
         return NULL;
     }
     while ((item = PyIter_Next(iterator)) != NULL) {
-        Py_ssize_t i = table_slot(t, item);
+        int present = contains(t, item);
         Py_DECREF(item);
-        if (i != -1) {
+        if (present) {
             Py_DECREF(iterator);
-            return i == -2 ? NULL : Py_NewRef(Py_False);
+            return present < 0 ? NULL : Py_NewRef(Py_False);
         }
     }
     Py_DECREF(iterator);
     return PyErr_Occurred() ? NULL : Py_NewRef(Py_True);
+}
+
+static PyObject *
+KeyTable_isdisjoint(KeyTable *t, PyObject *other)
+{
+    return disjoint(t, other, KeyTable_contains);
 }
 
 static PyObject *
@@ -750,7 +762,7 @@ static PyTypeObject KeyTableType = {
     .tp_doc = "Content key -> mask of the workers holding it, as a dict of ints, compactly.",
     .tp_basicsize = sizeof(KeyTable),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = KeyTable_new,
+    .tp_new = table_new,
     .tp_dealloc = (destructor)KeyTable_dealloc,
     .tp_as_mapping = &KeyTable_as_mapping,
     .tp_as_sequence = &KeyTable_as_sequence,
@@ -921,25 +933,6 @@ block_delete(KeyTable *t, PyObject *key)
     return other_delete(t, key, 1);
 }
 
-static PyObject *
-BlockMap_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
-{
-    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs)) || !PyArg_ParseTuple(args, ":BlockMap")) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "BlockMap() takes no arguments");
-        }
-        return NULL;
-    }
-    KeyTable *t = (KeyTable *)type->tp_alloc(type, 0);
-    if (t != NULL) {
-        t->slots = NULL;
-        t->capacity = 0;
-        t->used = 0;
-        t->high = NULL; /* the entries no slot can hold */
-    }
-    return (PyObject *)t;
-}
-
 static Py_ssize_t
 BlockMap_length(KeyTable *t)
 {
@@ -1069,13 +1062,7 @@ block_list(KeyTable *t, int part)
 static PyObject *
 BlockMap_iter(KeyTable *t)
 {
-    PyObject *ids = block_list(t, 0);
-    if (ids == NULL) {
-        return NULL;
-    }
-    PyObject *iterator = PyObject_GetIter(ids);
-    Py_DECREF(ids);
-    return iterator;
+    return iterate(block_list(t, 0));
 }
 
 static PyObject *
@@ -1093,20 +1080,7 @@ BlockMap_items(KeyTable *t, PyObject *unused)
 static PyObject *
 BlockMap_isdisjoint(KeyTable *t, PyObject *other)
 {
-    PyObject *iterator = PyObject_GetIter(other), *item;
-    if (iterator == NULL) {
-        return NULL;
-    }
-    while ((item = PyIter_Next(iterator)) != NULL) {
-        int present = BlockMap_contains(t, item);
-        Py_DECREF(item);
-        if (present) {
-            Py_DECREF(iterator);
-            return present < 0 ? NULL : Py_NewRef(Py_False);
-        }
-    }
-    Py_DECREF(iterator);
-    return PyErr_Occurred() ? NULL : Py_NewRef(Py_True);
+    return disjoint(t, other, BlockMap_contains);
 }
 
 /* update(pairs): a dict, or any iterable of (id, value) pairs (zip(ids, keys), say). */
@@ -1173,7 +1147,7 @@ static PyTypeObject BlockMapType = {
     .tp_doc = "A worker's blocks, engine hash -> content key, as a dict, compactly.",
     .tp_basicsize = sizeof(KeyTable),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = BlockMap_new,
+    .tp_new = table_new,
     .tp_dealloc = (destructor)KeyTable_dealloc,
     .tp_as_mapping = &BlockMap_as_mapping,
     .tp_as_sequence = &BlockMap_as_sequence,
