@@ -86,14 +86,6 @@ int_hash(int64_t value)
     return hash == -1 ? -2 : hash;
 }
 
-/* A key is an int holding a previous hash; what goes into its child's tuple hash is that int's
-   own hash (the value reduced modulo 2**61 - 1 on 64-bit builds), which Python gives. */
-static inline Py_hash_t
-key_hash(PyObject *key)
-{
-    return PyObject_Hash(key);
-}
-
 static PyObject *
 chain(PyObject *module, PyObject *args)
 {
@@ -122,7 +114,7 @@ chain(PyObject *module, PyObject *args)
             continue;
         }
         /* the parent's hash, then the content's: the order Python hashes the pair in */
-        Py_hash_t parent_hash = key_hash(parent);
+        Py_hash_t parent_hash = PyObject_Hash(parent);
         if (parent_hash == -1) {
             goto error;
         }
@@ -803,13 +795,6 @@ id_of(PyObject *obj, int64_t *out)
     return 1;
 }
 
-/* 1 and the value if `obj` is an int a slot can hold (a key from hash(), not -1); 0 if not. */
-static int
-value_of(PyObject *obj, int64_t *out)
-{
-    return key_of(obj, out);
-}
-
 static PyObject *
 id_object(int64_t bits)
 {
@@ -884,7 +869,7 @@ block_set(KeyTable *t, PyObject *key, PyObject *value)
     if (fits < 0) {
         return -1;
     }
-    int holds = fits ? value_of(value, &stored) : 0;
+    int holds = fits ? key_of(value, &stored) : 0; /* a value is a key from hash() */
     if (holds < 0) {
         return -1;
     }
@@ -1324,7 +1309,7 @@ walk(PyObject *module, PyObject *args)
     }
     for (Py_ssize_t depth = 0; depth < blocks; depth++) {
         /* the parent's hash, then the content's: the order Python hashes the pair in */
-        Py_hash_t parent_hash = key_hash(current);
+        Py_hash_t parent_hash = PyObject_Hash(current);
         if (parent_hash == -1) {
             goto error;
         }
