@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -385,3 +386,29 @@ class BlockMapAsADict(RuleBasedStateMachine):
 
 TestBlockMapAsADict = BlockMapAsADict.TestCase
 TestBlockMapAsADict.settings = settings(max_examples=150, stateful_step_count=40)
+
+
+@pytest.mark.parametrize("kind", ["KeyTable", "BlockMap"])
+def test_a_growing_table_with_removals_stays_a_dict(kind: str) -> None:
+    """Tens of thousands of keys through the tables' growth (by half, to sizes that are not
+    powers of two) with removals all along, so that runs of keys wrap past the last slot and
+    removals move keys back across it: the state machines above keep few keys, and never see
+    a table grow."""
+    rng = random.Random(kind)
+    table = getattr(_compiled, kind)()
+    model: dict[int, int] = {}
+    held: list[int] = []  # the model's keys, to draw removals from
+    for step in range(1, 40_001):
+        key = rng.getrandbits(63)
+        table[key] = model[key] = step
+        held.append(key)
+        if rng.random() < 0.45:
+            at = rng.randrange(len(held))
+            held[at], held[-1] = held[-1], held[at]
+            gone = held.pop()
+            del table[gone]
+            del model[gone]
+        if step % 10_000 == 0:
+            assert len(table) == len(model)
+            assert dict(table.items()) == model
+            assert all(table.get(key, -7) == value for key, value in model.items())
