@@ -19,8 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tskv.core import compiled
-from tskv.core.block_keys import chain_in_python
+from tskv.core import block_keys, compiled
+from tskv.core.block_keys import chain_in_python, root_key
+from tskv.core.events import BlockStored
+from tskv.core.filing import run_keys
 from tskv.core.prefix_index import _walk
 
 _compiled = pytest.importorskip("tskv.core._compiled", reason="the compiled core is not built here")
@@ -47,6 +49,73 @@ def outcome(call: Any, *args: Any) -> Any:
 @given(st.one_of(st.none(), hashes), st.lists(contents, max_size=12))
 def test_chain_gives_the_reference_keys(root: int | None, blocks: list[Any]) -> None:
     assert _compiled.chain(root, blocks) == chain_in_python(root, blocks)
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[list[tuple[BlockStored, Any]], dict[Any, Any], int]:
+    """A run of stored events as `Filing.apply` hands them to `store_run`, and the worker's
+    blocks: parents that are none (a root), the event before's last block, a held block, a
+    block earlier in the run, or unknown; now and then an event the compiled keying declines
+    (a tier, an identity, a string token id, contents cut already)."""
+    size = draw(st.integers(1, 4))
+    held = draw(st.dictionaries(hashes, st.one_of(st.none(), hashes), max_size=4))
+    run: list[tuple[BlockStored, Any]] = []
+    seen: list[int] = []
+    for _ in range(draw(st.integers(1, 5))):
+        place = draw(st.sampled_from(["root", "last", "earlier", "held", "unknown"]))
+        if place == "root" or (place in ("last", "earlier") and not seen):
+            parent = None
+        elif place == "last":
+            parent = seen[-1]
+        elif place == "earlier":
+            parent = draw(st.sampled_from(seen))
+        else:
+            parent = draw(st.sampled_from(list(held)) if held and place == "held" else hashes)
+        fresh = hashes.filter(lambda block: block not in seen and block not in held)
+        block_hashes = draw(st.lists(fresh, min_size=1, max_size=4, unique=True))
+        token_ids = draw(st.lists(tokens, min_size=size, max_size=4 * size + 2))
+        unusual = draw(st.sampled_from([None] * 12 + ["medium", "extra", "string", "cut"]))
+        if unusual == "string":
+            token_ids.append("a string")
+        event = BlockStored(
+            block_hashes,
+            parent,
+            token_ids,
+            draw(st.sampled_from([size, size, size + 1])),
+            medium="GPU" if unusual == "medium" else None,
+            lora_name=draw(st.sampled_from([None, "adapter"])),
+            extra_keys=[None] if unusual == "extra" else None,
+        )
+        cut = unusual == "cut"
+        found = block_keys.contents(token_ids, None, len(block_hashes), size)[0] if cut else None
+        run.append((event, found))
+        seen.extend(block_hashes)
+    return run, held, size
+
+
+@settings(max_examples=400)
+@given(runs())
+def test_a_plain_run_is_keyed_as_filing_keys_it(
+    case: tuple[list[tuple[BlockStored, Any]], dict[Any, Any], int],
+) -> None:
+    """The compiled keying of a run gives what `filing.run_keys`'s loop gives, or declines
+    exactly when an event is not plain."""
+    run, held, size = case
+    blocks = _compiled.BlockMap()
+    blocks.update(held.items())
+    straight = _compiled.plain_run(run, size, blocks, root_key)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(compiled, "core", None)
+        ids, keys, mismatched, strings = run_keys(run, dict(held), size)
+    plain = all(
+        found is None
+        and event.medium is None
+        and event.extra_keys is None
+        and all(type(token) is int for token in event.token_ids)
+        for event, found in run
+    )
+    assert straight == ((ids, keys, mismatched) if plain else None)
+    assert strings == any("a string" in event.token_ids for event, _ in run)
 
 
 @st.composite

@@ -10,6 +10,8 @@ two ever differ (a future CPython changing its tuple hash, say).
 
 What it holds:
   chain(key, blocks): block_keys.chain, the keys of consecutive contents under `key`.
+  plain_run(run, size, blocks, root_key): filing's keys for a run of plain stored events,
+    straight from their token ids: no tuple a block, no Python call an event.
   walk(real, predicted, key, tokens, size, keys_out): the match's walk down a request's
     blocks, the masks of the workers holding each, until no worker holds one.
   KeyTable: the holders map (content key -> bit mask of the workers holding it) as a dict of
@@ -1384,11 +1386,195 @@ error:
     return NULL;
 }
 
+/* ---- plain_run: the keys of a run of plain stored events ---- */
+
+enum { MEDIUM, GROUP, EXTRA, MEDIA, LOOKAHEAD, PARENT, HASHES, TOKENS, SIZE, LORA, SALT, NAMES };
+static const char *const NAME_TEXT[NAMES] = {
+    "medium", "group_idx", "extra_keys", "mm_keys", "lookahead_token_ids", "parent_block_hash",
+    "block_hashes", "token_ids", "block_size", "lora_name", "cache_salt",
+};
+static PyObject *NAME[NAMES]; /* interned when the module is made */
+
+/* The key `parent` has earlier in the run (its last store there), or NULL (borrowed). */
+static PyObject *
+key_in_run(PyObject *ids, PyObject *keys, PyObject *parent, int *error)
+{
+    for (Py_ssize_t i = PyList_GET_SIZE(ids) - 1; i >= 0; i--) {
+        int same = PyObject_RichCompareBool(PyList_GET_ITEM(ids, i), parent, Py_EQ);
+        if (same != 0) {
+            *error = same < 0;
+            return same < 0 ? NULL : PyList_GET_ITEM(keys, i);
+        }
+    }
+    return NULL;
+}
+
+/* Filing._first_key for an untiered event: a new reference (None for an orphan), or NULL. */
+static PyObject *
+first_key(PyObject *const *field, PyObject *blocks, PyObject *root_key, PyObject *ids,
+          PyObject *keys)
+{
+    PyObject *parent = field[PARENT];
+    if (parent == Py_None) {
+        return PyObject_CallFunctionObjArgs(root_key, field[LORA], field[SALT], NULL);
+    }
+    PyObject *held = PyObject_GetItem(blocks, parent);
+    if (held != NULL || !PyErr_ExceptionMatches(PyExc_KeyError)) {
+        return held;
+    }
+    PyErr_Clear();
+    int error = 0;
+    PyObject *earlier = key_in_run(ids, keys, parent, &error);
+    return error ? NULL : Py_NewRef(earlier != NULL ? earlier : Py_None);
+}
+
+/* Append the keys of `count` blocks cut from `tokens` under `key` (None: all None). */
+static int
+append_keys(PyObject *keys, PyObject *key, PyObject **tokens, Py_ssize_t length,
+            Py_ssize_t count, Py_ssize_t size)
+{
+    Py_ssize_t whole = key == Py_None ? 0 : Py_MIN(count, length / size);
+    Py_hash_t parent_hash = whole ? PyObject_Hash(key) : 0;
+    if (parent_hash == -1) {
+        return -1;
+    }
+    for (Py_ssize_t block = 0; block < count; block++) {
+        if (block >= whole) {
+            if (PyList_Append(keys, Py_None) < 0) {
+                return -1;
+            }
+            continue;
+        }
+        Py_hash_t content_hash = items_hash(tokens + block * size, size);
+        if (content_hash == -1) {
+            return -1;
+        }
+        Py_hash_t made = pair_hash(parent_hash, content_hash);
+        PyObject *as_int = PyLong_FromSsize_t(made);
+        if (as_int == NULL || PyList_Append(keys, as_int) < 0) {
+            Py_XDECREF(as_int);
+            return -1;
+        }
+        Py_DECREF(as_int);
+        parent_hash = int_hash(made); /* the next block's parent: this key, as hash() sees it */
+    }
+    return 0;
+}
+
+/* plain_run(run, size, blocks, root_key): what filing.run_keys's loop makes of a run of stored
+   events, (ids, keys, mismatched), for a run whose every event names no tier and no identity
+   (no extra keys, media or lookahead) and is uncut yet (its contents None), its token ids all
+   ints; None, having changed nothing, for any other run, which that loop then files. It keys
+   each block straight from its token ids: no tuple a block, no call an event. */
+static PyObject *
+plain_run(PyObject *module, PyObject *args)
+{
+    PyObject *run, *blocks, *root_key;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "OnOO:plain_run", &run, &size, &blocks, &root_key)) {
+        return NULL;
+    }
+    if (size <= 0) {
+        PyErr_Format(PyExc_ValueError, "plain_run: size = %zd must be at least 1", size);
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(run, "plain_run: run must be a sequence");
+    if (fast == NULL) {
+        return NULL;
+    }
+    PyObject *field[NAMES] = {NULL};
+    PyObject *hashes = NULL, *tokens = NULL, *key = NULL, *made = NULL;
+    PyObject *ids = PyList_New(0), *keys = PyList_New(0);
+    Py_ssize_t mismatched = 0;
+    if (ids == NULL || keys == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(fast); n++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(fast, n);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            PyTuple_GET_ITEM(pair, 1) != Py_None) {
+            goto decline; /* cut already: it has an identity */
+        }
+        PyObject *event = PyTuple_GET_ITEM(pair, 0);
+        for (int f = 0; f < NAMES; f++) {
+            Py_XSETREF(field[f], PyObject_GetAttr(event, NAME[f]));
+            if (field[f] == NULL) {
+                goto done;
+            }
+        }
+        int lookahead = PyObject_IsTrue(field[LOOKAHEAD]);
+        if (lookahead < 0) {
+            goto done;
+        }
+        if (field[MEDIUM] != Py_None || field[GROUP] != Py_None || field[EXTRA] != Py_None ||
+            field[MEDIA] != Py_None || lookahead) {
+            goto decline;
+        }
+        Py_XSETREF(tokens, PySequence_Fast(field[TOKENS], "plain_run: token_ids"));
+        Py_XSETREF(hashes, PySequence_Fast(field[HASHES], "plain_run: block_hashes"));
+        if (tokens == NULL || hashes == NULL) {
+            goto done;
+        }
+        Py_ssize_t length = PySequence_Fast_GET_SIZE(tokens);
+        PyObject **items = PySequence_Fast_ITEMS(tokens);
+        for (Py_ssize_t i = 0; i < length; i++) {
+            if (!PyLong_CheckExact(items[i])) {
+                goto decline; /* a string: block_keys.contents digests it */
+            }
+        }
+        PyObject *size_obj = PyLong_FromSsize_t(size);
+        int other = size_obj == NULL ? -1 : PyObject_RichCompareBool(field[SIZE], size_obj, Py_NE);
+        Py_XDECREF(size_obj);
+        if (other < 0) {
+            goto done;
+        }
+        mismatched += other;
+        /* the event before ends where this one starts: its key is the last one */
+        Py_ssize_t stored = PyList_GET_SIZE(ids);
+        int follows = 0;
+        if (field[PARENT] != Py_None && stored) {
+            follows = PyObject_RichCompareBool(PyList_GET_ITEM(ids, stored - 1), field[PARENT],
+                                               Py_EQ);
+            if (follows < 0) {
+                goto done;
+            }
+        }
+        Py_XSETREF(key, follows ? Py_NewRef(PyList_GET_ITEM(keys, stored - 1))
+                                : first_key(field, blocks, root_key, ids, keys));
+        if (key == NULL ||
+            append_keys(keys, key, items, length, PySequence_Fast_GET_SIZE(hashes), size) < 0) {
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(hashes); i++) {
+            if (PyList_Append(ids, PySequence_Fast_GET_ITEM(hashes, i)) < 0) {
+                goto done;
+            }
+        }
+    }
+    made = Py_BuildValue("(OOn)", ids, keys, mismatched);
+    goto done;
+decline:
+    made = Py_NewRef(Py_None);
+done:
+    for (int f = 0; f < NAMES; f++) {
+        Py_XDECREF(field[f]);
+    }
+    Py_XDECREF(hashes);
+    Py_XDECREF(tokens);
+    Py_XDECREF(key);
+    Py_XDECREF(ids);
+    Py_XDECREF(keys);
+    Py_DECREF(fast);
+    return made;
+}
+
 static PyMethodDef methods[] = {
     {"chain", chain, METH_VARARGS,
      "chain(key, blocks) -> list: block_keys.chain, compiled."},
     {"walk", walk, METH_VARARGS,
      "walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks): a match's walk."},
+    {"plain_run", plain_run, METH_VARARGS,
+     "plain_run(run, size, blocks, root_key) -> (ids, keys, mismatched) | None: filing's keys."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1403,6 +1589,11 @@ PyInit__compiled(void)
     if (PyType_Ready(&KeyTableType) < 0 || PyType_Ready(&BlockMapType) < 0 ||
         (ZERO == NULL && (ZERO = PyLong_FromLong(0)) == NULL)) {
         return NULL;
+    }
+    for (int f = 0; f < NAMES; f++) {
+        if (NAME[f] == NULL && (NAME[f] = PyUnicode_InternFromString(NAME_TEXT[f])) == NULL) {
+            return NULL;
+        }
     }
     PyObject *made = PyModule_Create(&module);
     if (made != NULL &&

@@ -1,5 +1,5 @@
 # The compiled core's signatures (tskv/core/_compiled.c); tskv/core/compiled.py loads it.
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 def chain(key: int | None, blocks: Sequence[Any], /) -> list[int | None]: ...
@@ -12,6 +12,13 @@ def walk(
     keys_out: list[int] | None,
     /,
 ) -> tuple[list[tuple[int, int]], int]: ...
+def plain_run(
+    run: Sequence[tuple[Any, list[Any] | None]],
+    size: int,
+    blocks: Any,
+    root_key: Callable[[str | None, str | None], int],
+    /,
+) -> tuple[list[Any], list[int | None], int] | None: ...
 
 class KeyTable:  # what Holdings uses of a dict (holdings.HolderMap), and mirror()
     def get(self, key: int, default: int, /) -> int: ...

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import attrs
 
+from tskv.core import compiled
 from tskv.core.block_keys import chain, contents, identities, root_key
 from tskv.core.events import (
     AllBlocksCleared,
@@ -62,24 +63,25 @@ class Filing:
         for event in events:
             if isinstance(event, BlockStored):
                 if view.hybrid is not None or self.needs_hybrid(view, event):
-                    self.store_run(view, stored)
+                    strings = self.store_run(view, stored) or strings
                     hybrid = self.make_hybrid(worker, view)
                     if learned is None:
                         learned = hybrid.learn_batch(events)
                     strings = self.store_hybrid(view, event, learned) or strings
                     continue
-                count = len(event.block_hashes)
-                idents = None
                 lookahead = event.lookahead_token_ids
-                if event.extra_keys is not None or event.mm_keys is not None or lookahead:
-                    idents = identities(event.extra_keys, event.mm_keys, count, lookahead)
-                    if lookahead:
-                        view.lookahead = len(lookahead[0])
+                if event.extra_keys is None and event.mm_keys is None and not lookahead:
+                    stored.append((event, None))  # plain: cut as its run is keyed
+                    continue
+                count = len(event.block_hashes)
+                idents = identities(event.extra_keys, event.mm_keys, count, lookahead)
+                if lookahead:
+                    view.lookahead = len(lookahead[0])
                 found, found_strings = contents(event.token_ids, idents, count, size)
                 strings = strings or found_strings
                 stored.append((event, found))
                 continue
-            self.store_run(view, stored)
+            strings = self.store_run(view, stored) or strings
             if isinstance(event, BlockRemoved):
                 self.remove(view, event)
             elif isinstance(event, AllBlocksCleared):
@@ -87,33 +89,21 @@ class Filing:
                 cleared = True
             elif not isinstance(event, UnknownEvent):  # an unknown event changes nothing known
                 raise not_an_event("PrefixIndex.apply: event", event)
-        self.store_run(view, stored)
+        strings = self.store_run(view, stored) or strings
         return Filed(cleared, strings, view.lookahead)
 
-    def store_run(self, view: WorkerBlocks, run: list[Stored]) -> None:
-        """Store consecutive BlockStored events, and empty `run`. The usual run (every block new
-        to the worker, each once) costs a few dict operations for all of its blocks together;
-        any other is stored one event at a time."""
+    def store_run(self, view: WorkerBlocks, run: list[Stored]) -> bool:
+        """Store consecutive BlockStored events, and empty `run`; whether a token id was a
+        string. The usual run (every block new to the worker, each once) costs a few dict
+        operations for all of its blocks together; any other is stored one event at a time."""
         if not run:
-            return
+            return False
         if len(run) == 1 and len(run[0][0].block_hashes) <= FEW_BLOCKS:  # block by block: less
-            self.store(view, *run[0])
+            strings = self.store(view, *run[0])
             run.clear()
-            return
+            return strings
         blocks = view.blocks
-        ids: list[BlockId] = []  # the run's blocks, in order, and their keys
-        keys: list[int | None] = []
-        mismatched = 0
-        for event, found in run:
-            mismatched += event.block_size != self.holdings.block_size
-            tier = tier_of(event)
-            parent = event.parent_block_hash
-            if parent is not None and ids and block_id(tier, parent) == ids[-1]:
-                key = keys[-1]  # the event before ends where this one starts
-            else:  # if the run stores its parent again, the run goes slowly below
-                key = self._first_key(event, tier, blocks, ids, keys)
-            keys.extend(chain(key, found))
-            ids.extend(block_ids(tier, event.block_hashes))
+        ids, keys, mismatched, strings = run_keys(run, blocks, self.holdings.block_size)
         if blocks.keys().isdisjoint(ids):
             before = len(blocks)
             blocks.update(zip(ids, keys, strict=True))
@@ -124,41 +114,25 @@ class Filing:
                 held = [key for key in keys if key is not None] if orphans else keys
                 self.holdings.hold(view, cast("list[int]", held))
                 run.clear()
-                return
+                return strings
             for each in ids:  # a block twice in the run: none of them was here before
                 blocks.pop(each, None)
         for stored, found in run:
             self.store(view, stored, found)
         run.clear()
+        return strings
 
-    @staticmethod
-    def _first_key(
-        event: BlockStored,
-        tier: Tier,
-        blocks: BlockKeys,
-        ids: Sequence[BlockId] = (),
-        keys: Sequence[int | None] = (),
-    ) -> int | None:
-        """The key a stored event's first block hangs from: the root of its LoRA and salt, or
-        its parent's key, held already or stored earlier in the run (`ids`, `keys`); None for
-        a parent never seen (its blocks are orphans: no query reaches them)."""
-        parent = event.parent_block_hash
-        if parent is None:
-            return root_key(event.lora_name, event.cache_salt)
-        parent_id = block_id(tier, parent)
-        if parent_id in blocks:
-            key: int | None = blocks[parent_id]
-            return key
-        if parent_id in ids:
-            return keys[len(ids) - 1 - ids[::-1].index(parent_id)]
-        return None
-
-    def store(self, view: WorkerBlocks, event: BlockStored, contents: Sequence[Any]) -> None:
-        if event.block_size != self.holdings.block_size:
+    def store(self, view: WorkerBlocks, event: BlockStored, found: list[Any] | None) -> bool:
+        """Store one event block by block; whether a token id was a string."""
+        size = self.holdings.block_size
+        if event.block_size != size:
             self.mismatched += 1  # its tokens cut into other blocks than queries do
+        strings = False
+        if found is None:
+            found, strings = contents(event.token_ids, None, len(event.block_hashes), size)
         blocks = view.blocks
         tier = tier_of(event)
-        keys = chain(self._first_key(event, tier, blocks), contents)
+        keys = chain(first_key(event, tier, blocks), found)
         if keys and keys[-1] is None:
             self.orphans += keys.count(None)
         holders, bit, extra_refs = self.holdings.holders, view.bit, view.extra_refs
@@ -191,6 +165,7 @@ class Filing:
                 holders[key] = mask | bit
                 if journal is not None:  # in order with what `release` notes
                     note_run(journal, bit, 0, (key,))
+        return strings
 
     # -- hybrid and tiered workers -------------------------------------------------------
 
@@ -272,3 +247,54 @@ class Filing:
             else:
                 let_go.append(pop(each, ABSENT))
         self.holdings.release(view, let_go)
+
+
+def run_keys(
+    run: list[Stored], blocks: BlockKeys, size: int
+) -> tuple[list[BlockId], list[int | None], int, bool]:
+    """The run's blocks in order, their keys, how many of its events cut blocks of another
+    size than the index's, and whether a token id was a string. The compiled core keys a
+    plain run (no tier, no identity) in one call, straight from its token ids."""
+    if compiled.core is not None:
+        made = compiled.core.plain_run(run, size, blocks, root_key)
+        if made is not None:
+            return *made, False
+    ids: list[BlockId] = []
+    keys: list[int | None] = []
+    mismatched, strings = 0, False
+    for event, found in run:
+        mismatched += event.block_size != size
+        tier = tier_of(event)
+        parent = event.parent_block_hash
+        if parent is not None and ids and block_id(tier, parent) == ids[-1]:
+            key = keys[-1]  # the event before ends where this one starts
+        else:  # if the run stores its parent again, the run goes slowly in store_run
+            key = first_key(event, tier, blocks, ids, keys)
+        if found is None:
+            found, cut_strings = contents(event.token_ids, None, len(event.block_hashes), size)
+            strings = strings or cut_strings
+        keys.extend(chain(key, found))
+        ids.extend(block_ids(tier, event.block_hashes))
+    return ids, keys, mismatched, strings
+
+
+def first_key(
+    event: BlockStored,
+    tier: Tier,
+    blocks: BlockKeys,
+    ids: Sequence[BlockId] = (),
+    keys: Sequence[int | None] = (),
+) -> int | None:
+    """The key a stored event's first block hangs from: the root of its LoRA and salt, or
+    its parent's key, held already or stored earlier in the run (`ids`, `keys`); None for
+    a parent never seen (its blocks are orphans: no query reaches them)."""
+    parent = event.parent_block_hash
+    if parent is None:
+        return root_key(event.lora_name, event.cache_salt)
+    parent_id = block_id(tier, parent)
+    if parent_id in blocks:
+        key: int | None = blocks[parent_id]
+        return key
+    if parent_id in ids:
+        return keys[len(ids) - 1 - ids[::-1].index(parent_id)]
+    return None

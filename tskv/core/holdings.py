@@ -26,7 +26,9 @@ Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-para
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
 ABSENT = -1  # hash() never returns -1, so no key is ever this
-Stored = tuple[BlockStored, list[Any]]  # an event, and its blocks' `block_keys.contents`
+# an event, and its blocks' `block_keys.contents`; None for a plain event's (no identity), cut
+# from its token ids only as its run is keyed
+Stored = tuple[BlockStored, list[Any] | None]
 
 
 # Content key -> mask of the workers holding it: a dict, or the compiled `KeyTable`, which keeps
