@@ -127,6 +127,27 @@ def raw_frame(value: object) -> bytes:
         (["unfollow", "one"], "unfollow's slot"),
         (["news", 1.0, [report_with(figures=[0] * 6)], 0, 0], "figures of 7"),
         (["news", 1.0, [report_with(figures=[0, 0, 0, None, None, 1, 0])], 0, 0], "silent and"),
+        (
+            ["news", 1.0, [report_with(figures=[True, 0, 0, None, None, False, False])], 0, 0],
+            "counts",
+        ),
+        (
+            ["news", 1.0, [report_with(figures=[0, -1, 0, None, None, False, False])], 0, 0],
+            "counts",
+        ),
+        (
+            ["news", 1.0, [report_with(figures=[0, 0, 0, 5, None, False, False])], 0, 0],
+            "last_error",
+        ),
+        (
+            ["news", 1.0, [report_with(figures=[0, 0, 0, None, 1.5, False, False])], 0, 0],
+            "last_seq",
+        ),
+        (["news", 1.0, [report_with(slot=True)], 0, 0], "report's slot"),
+        (["news", 1.0, [report_with(lookahead=-1)], 0, 0], "lookahead"),
+        (["news", 1.0, [report_with(losses={})], 0, 0], "losses"),
+        (["news", 1.0, [report_with(changes=[[1], 2])], 0, 0], "changes as lists"),
+        (["news", 1.0, [report_with(ops=[1])], 0, 0], "ops"),
         (["news", 1.0, [report_with(losses=[[0, 0, "gone", None]])], 0, 0], "no loss reason"),
         (["news", 1.0, [["unfollow", 1]], 0, 0], "news items"),
     ],

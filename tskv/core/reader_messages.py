@@ -154,16 +154,30 @@ def _check(condition: bool, what: str, value: object) -> None:
 
 
 def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # msgpack makes exact ints; a bool is not one
+
+
+# The checks of a report are written out, not looped: the index's process parses one for every
+# batch its readers file, and calls and generators were most of what a report cost it.
 
 
 def _figures_in(value: Any) -> WorkerFigures:
-    _check(isinstance(value, (list, tuple)) and len(value) == 7, "figures of 7 fields", value)
+    _check(type(value) in (list, tuple) and len(value) == 7, "figures of 7 fields", value)
     batches, losses, failures, last_error, last_seq, silent, stale = value
-    _check(all(_int(n) and n >= 0 for n in (batches, losses, failures)), "counts", value)
-    _check(last_error is None or isinstance(last_error, str), "last_error", value)
-    _check(last_seq is None or _int(last_seq), "last_seq", value)
-    _check(isinstance(silent, bool) and isinstance(stale, bool), "silent and stale", value)
+    _check(
+        type(batches) is int
+        and type(losses) is int
+        and type(failures) is int
+        and batches >= 0
+        and losses >= 0
+        and failures >= 0
+        and (last_error is None or type(last_error) is str)
+        and (last_seq is None or type(last_seq) is int)
+        and type(silent) is bool
+        and type(stale) is bool,
+        "figures: counts of 0 or more, last_error, last_seq, silent and stale",
+        value,
+    )
     return WorkerFigures(batches, losses, failures, last_error, last_seq, silent, stale)
 
 
@@ -180,7 +194,7 @@ def _loss_in(value: Any) -> Loss:
 
 def _changes_in(value: Any) -> list[list[int]]:
     _check(
-        isinstance(value, list) and all(isinstance(run, list) for run in value),
+        type(value) is list and all([type(run) is list for run in value]),
         "changes as lists of keys",
         value,
     )
@@ -196,6 +210,40 @@ _SHAPES = {
     "hashes": 3,
     "news": 5,
 }
+
+
+def _report_in(value: Any) -> Report:
+    _, slot, figures, changes, strings, losses, failure, ops, lookahead = value
+    _check(type(ops) is list and all([type(op) is list for op in ops]), "ops", ops)
+    _check(
+        type(slot) is int
+        and type(strings) is bool
+        and type(losses) is list
+        and type(lookahead) is int
+        and lookahead >= 0,
+        "report's slot, strings, losses and lookahead",
+        value,
+    )
+    if failure is not None:
+        _check(
+            isinstance(failure, (list, tuple))
+            and len(failure) == 2
+            and isinstance(failure[0], str)
+            and isinstance(failure[1], (int, float)),
+            "report's failure (error, retry in)",
+            failure,
+        )
+        failure = (failure[0], float(failure[1]))
+    return Report(
+        slot,
+        _figures_in(figures),
+        _changes_in(changes),
+        strings,
+        [_loss_in(loss) for loss in losses],
+        failure,
+        [tuple(op) for op in ops],
+        lookahead,
+    )
 
 
 def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
@@ -215,31 +263,7 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
         _check(_int(value[1]) and _int(value[2]), "ask_hashes' numbers", value)
         return AskHashes(value[1], value[2])
     if kind == "report":
-        _, slot, figures, changes, strings, losses, failure, ops, lookahead = value
-        _check(isinstance(ops, list) and all(isinstance(op, list) for op in ops), "ops", ops)
-        _check(_int(lookahead) and lookahead >= 0, "report's lookahead", lookahead)
-        _check(_int(slot) and isinstance(strings, bool), "report's slot and strings", value)
-        _check(isinstance(losses, list), "report's losses", value)
-        if failure is not None:
-            _check(
-                isinstance(failure, (list, tuple))
-                and len(failure) == 2
-                and isinstance(failure[0], str)
-                and isinstance(failure[1], (int, float)),
-                "report's failure (error, retry in)",
-                failure,
-            )
-            failure = (failure[0], float(failure[1]))
-        return Report(
-            slot,
-            _figures_in(figures),
-            _changes_in(changes),
-            strings,
-            [_loss_in(loss) for loss in losses],
-            failure,
-            [tuple(op) for op in ops],
-            lookahead,
-        )
+        return _report_in(value)
     if kind == "log":
         _, name, level, text = value
         _check(isinstance(name, str) and _int(level) and isinstance(text, str), "a log", value)
