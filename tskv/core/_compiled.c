@@ -162,7 +162,12 @@ static PyObject *ZERO; /* the int 0, made once */
 static inline size_t
 home_of(int64_t key, size_t capacity)
 {
-    uint64_t mixed = (uint64_t)key * 0x9E3779B97F4A7C15ULL; /* keys are hashes; mixed anyway */
+    /* MurmurHash3's 64-bit finalizer rounds: an engine's hashes may be anything (counters, or
+       n times a constant), and one multiply left such keys in clusters */
+    uint64_t mixed = (uint64_t)key;
+    mixed ^= mixed >> 33;
+    mixed *= 0xFF51AFD7ED558CCDULL;
+    mixed ^= mixed >> 33;
     /* the high 32 bits scaled to [0, capacity): any capacity, not only a power of two */
     return (size_t)(((mixed >> 32) * (uint64_t)capacity) >> 32);
 }
