@@ -88,6 +88,21 @@ int_hash(int64_t value)
     return hash == -1 ? -2 : hash;
 }
 
+/* The key of the block of `size` token ids at `tokens` under the parent whose hash is
+   *parent_hash, into *key; *parent_hash becomes the key's own hash, for the block after it.
+   -1 with an exception set if a token id has no hash. */
+static inline int
+next_key(Py_hash_t *parent_hash, PyObject **tokens, Py_ssize_t size, Py_hash_t *key)
+{
+    Py_hash_t content_hash = items_hash(tokens, size);
+    if (content_hash == -1) {
+        return -1;
+    }
+    *key = pair_hash(*parent_hash, content_hash);
+    *parent_hash = int_hash(*key);
+    return 0;
+}
+
 static PyObject *
 chain(PyObject *module, PyObject *args)
 {
@@ -1219,13 +1234,10 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t bloc
         Py_ssize_t count = blocks - start < AHEAD ? blocks - start : AHEAD, made = 0;
         PyObject *type = NULL, *value = NULL, *traceback = NULL; /* an error ahead, kept */
         for (; made < count; made++) {
-            Py_hash_t content_hash = items_hash(items + (start + made) * size, size);
-            if (content_hash == -1) {
+            if (next_key(&parent_hash, items + (start + made) * size, size, &ahead[made]) < 0) {
                 PyErr_Fetch(&type, &value, &traceback); /* raised only if the walk gets there */
                 break;
             }
-            ahead[made] = pair_hash(parent_hash, content_hash);
-            parent_hash = int_hash(ahead[made]);
             if (t->capacity) {
                 PREFETCH(&t->slots[home_of(ahead[made], t->capacity)]);
             }
@@ -1450,18 +1462,16 @@ append_keys(PyObject *keys, PyObject *key, PyObject **tokens, Py_ssize_t length,
             }
             continue;
         }
-        Py_hash_t content_hash = items_hash(tokens + block * size, size);
-        if (content_hash == -1) {
+        Py_hash_t made;
+        if (next_key(&parent_hash, tokens + block * size, size, &made) < 0) {
             return -1;
         }
-        Py_hash_t made = pair_hash(parent_hash, content_hash);
         PyObject *as_int = PyLong_FromSsize_t(made);
         if (as_int == NULL || PyList_Append(keys, as_int) < 0) {
             Py_XDECREF(as_int);
             return -1;
         }
         Py_DECREF(as_int);
-        parent_hash = int_hash(made); /* the next block's parent: this key, as hash() sees it */
     }
     return 0;
 }

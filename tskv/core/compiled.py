@@ -1,13 +1,13 @@
 """Whether this process uses the compiled core (`tskv/core/_compiled.c`), no I/O.
 
 One decision for the whole package, as `_msgspec` makes one for the codec: `core` is the
-compiled module (the key walk, `KeyTable` for the holders map and `BlockMap` for each worker's
-blocks), or None and the pure-Python
-modules, the reference, do all the work. It is used only where it was built (`pip install .`
-with a C compiler), not turned off with `TSKV_PURE_PYTHON=1`, and when it gives Python's own
-keys for a sample of blocks at import (it computes CPython's tuple hash without making the
-tuples; a CPython that changed that hash would make other keys). `TSKV_PURE_PYTHON=0` asks for
-it: where it is not there, one warning on the `tskv` logger says so and why.
+compiled module (the key walk, a plain run's keys, `KeyTable` for the holders map and `BlockMap`
+for each worker's blocks), or None and the pure-Python modules, the reference, do all the work.
+It is used only where it was built (`pip install .` with a C compiler), not turned off with
+`TSKV_PURE_PYTHON=1`, and when it gives Python's own keys for a sample of blocks at import (it
+computes CPython's tuple hash without making the tuples; a CPython that changed that hash would
+make other keys). `TSKV_PURE_PYTHON=0` asks for it: where it is not there, one warning on the
+`tskv` logger says so and why.
 """
 
 from __future__ import annotations
