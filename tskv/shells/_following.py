@@ -18,6 +18,7 @@ from tskv.core.config import SubscriberConfig
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import Worker
+from tskv.shells._live_pump import LivePump
 from tskv.shells._snapshot_parts import SnapshotParts
 from tskv.shells.subscriber import subscribe
 
@@ -90,6 +91,7 @@ async def follow(
     config: SubscriberConfig,
     context: zmq.Context[zmq.Socket[bytes]] | None,
     bootstraps: Bootstraps,
+    pump: LivePump | None = None,  # the watcher's, to read the live socket with the others'
 ) -> None:
     """Follow `worker` until cancelled, or until a failure finds it no longer watched."""
     backoff = Backoff(*RETRY_BACKOFF)
@@ -112,14 +114,9 @@ async def follow(
             if config.start_seq == "snapshot":
                 await bootstraps.take(turn, 2 * config.replay_timeout)
             async with subscribe(
-                endpoint,
-                replay_endpoint,
-                config,
-                on_loss=lost,
-                on_silence=silence,
-                on_synced=synced,
-                context=context,
-            ) as sub:
+                endpoint, replay_endpoint, config, on_loss=lost, on_silence=silence,
+                on_synced=synced, context=context, pump=pump,
+            ) as sub:  # fmt: skip
                 while (delivery := await sub._next_delivery()) is not None:
                     bootstraps.done(turn)
                     await record.room()

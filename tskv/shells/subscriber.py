@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal, final
+from typing import Literal, cast, final
 
 import attrs
 import trio
@@ -52,6 +52,7 @@ from tskv.shells._inbox import (
     Request,
     SnapshotPart,
 )
+from tskv.shells._live_pump import Clock, Feed, LivePump, read_alone
 from tskv.shells._monitor import SocketMonitor
 from tskv.shells._ratelimit import LogLimiter
 from tskv.shells._reachability import warn_if_unanswered
@@ -63,7 +64,6 @@ from tskv.shells._unknown_events import UnknownEvents
 logger = logging.getLogger(__name__)
 
 INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
-LIVE_BURST = 64  # live messages taken off the socket in one go
 SERVER_HINT = (
     "check that curve_server_key is this publisher's public key and that the publisher "
     "allows this subscriber's key (or speaks clear text if you gave no key)"
@@ -100,7 +100,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         self,
         config: SubscriberConfig,
         sequencer: Sequencer,
-        inbox: trio.MemoryReceiveChannel[Inbound],
+        inbox: trio.abc.ReceiveChannel[Inbound],  # a `Feed`, when a pump reads the socket
         requests: trio.MemorySendChannel[Request],
         on_loss: Callable[[Loss], object] | None,
         endpoint: str,
@@ -320,41 +320,17 @@ class Subscriber(metaclass=NoPublicConstructor):
             self._on_loss(loss)
 
 
-@attrs.define
-class _LastHeard:
-    """When the live reader last took a message off the socket (Trio's clock)."""
-
-    at: float
-
-
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
-async def _read_live(
-    sub: TrioSocket, inbox: trio.MemorySendChannel[Inbound], heard: _LastHeard
-) -> None:
-    """Move live messages from the socket to the inbox, every one waiting at once together.
-    Sending to the inbox is a checkpoint; a wake-up that finds nothing makes its own, so the
-    loop never spins without yielding."""
-    while True:
-        await sub.wait(zmq.POLLIN)
-        messages = sub.receive_waiting(LIVE_BURST)
-        if messages:
-            heard.at = trio.current_time()
-            await inbox.send(Live(messages))
-        else:  # EVENTS said a message was there and none was: never spin without yielding
-            await trio.lowlevel.checkpoint()
-
-
-@trio.lowlevel.enable_ki_protection
 async def _probe_when_quiet(
-    heard: _LastHeard, interval: float, inbox: trio.MemorySendChannel[Inbound]
+    live: Clock, interval: float, inbox: trio.MemorySendChannel[Inbound]
 ) -> None:
     """Say when the live stream has been quiet for `interval`, and again each interval it stays
     so: the sequencer then asks replay what it missed. A busy stream costs one clock read per
     burst (in the reader) and a wake-up per interval here."""
     while True:
-        await trio.sleep_until(heard.at + interval)
-        if trio.current_time() >= heard.at + interval:
-            heard.at = trio.current_time()  # the next probe one interval after this one
+        await trio.sleep_until(live.heard + interval)
+        if trio.current_time() >= live.heard + interval:
+            live.heard = trio.current_time()  # the next probe one interval after this one
             await inbox.send(Quiet())
 
 
@@ -454,10 +430,12 @@ async def subscribe(
     on_silence: Callable[[bool], object] | None = None,
     on_synced: Callable[[], object] | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    pump: LivePump | None = None,
 ) -> AsyncIterator[Subscriber]:
     """`open_subscriber` with its settings already made into a `SubscriberConfig` (the
     watcher gives every worker's subscriber one). `on_synced()` is called when the stream,
-    read from its start, turns out to hold nothing (the publisher's cache is empty)."""
+    read from its start, turns out to hold nothing (the publisher's cache is empty). With a
+    `pump` (a watcher's), the SUB socket is read there with the other workers' sockets."""
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
@@ -465,13 +443,7 @@ async def subscribe(
     if config.curve_server_key is not None:
         security = ClientSecurity.from_files(config.curve_server_key, config.curve_secret_key)
     has_replay = replay_endpoint is not None
-    sequencer = Sequencer(
-        has_replay,
-        config.start_seq,
-        snapshots=config.snapshots,
-        max_held=config.max_held,
-        max_snapshot_bytes=config.max_snapshot_bytes,
-    )
+    sequencer = _sequencer(config, has_replay)
     first_actions = sequencer.start()
     context = context or zmq.Context.instance()
     binds = should_bind(endpoint, subscriber=True)
@@ -479,32 +451,47 @@ async def subscribe(
     sub, monitor, address = _open_sub(context, endpoint, binds, config, security, inbox_send)
     requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
     replay: ReplayClient | None = None
+    live, feed = Clock(), cast("Feed | None", None)
     try:
+        if pump is not None:
+            feed = pump.add(sub, (inbox_send, inbox_receive), live)
         if replay_endpoint is not None:
             replay = _replay_client(context, replay_endpoint, config, inbox_send, security)
         subscriber = Subscriber._create(
-            config, sequencer, inbox_receive, requests_send, on_loss, address, [monitor], replay,
-            on_silence, on_synced,
+            config, sequencer, feed or inbox_receive, requests_send, on_loss, address, [monitor],
+            replay, on_silence, on_synced,
         )  # fmt: skip
-        heard = _LastHeard(trio.current_time())
         subscriber._apply(first_actions)
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
             if not binds:
                 after = config.warn_unanswered_after
                 nursery.start_soon(warn_if_unanswered, endpoint, monitor, after)
-            nursery.start_soon(_read_live, sub, inbox_send, heard)
+            if feed is None:
+                nursery.start_soon(read_alone, sub, inbox_send, live)
             if replay is not None:
                 nursery.start_soon(replay.run, requests_receive)
                 if config.quiet_interval is not None:
                     interval = config.quiet_interval
-                    nursery.start_soon(_probe_when_quiet, heard, interval, inbox_send)
+                    nursery.start_soon(_probe_when_quiet, live, interval, inbox_send)
             yield subscriber
     finally:
+        if feed is not None:
+            feed.close()  # out of the pump before its socket closes
         monitor.close()
         sub.close()
         if replay is not None:
             replay.close()
+
+
+def _sequencer(config: SubscriberConfig, has_replay: bool) -> Sequencer:
+    return Sequencer(
+        has_replay,
+        config.start_seq,
+        snapshots=config.snapshots,
+        max_held=config.max_held,
+        max_snapshot_bytes=config.max_snapshot_bytes,
+    )
 
 
 def _open_sub(

@@ -37,6 +37,7 @@ from tskv.shells._background import background_tasks
 from tskv.shells._constructor import NoPublicConstructor
 from tskv.shells._following import SNAPSHOTS_AT_ONCE, Bootstraps, follow
 from tskv.shells._index_record import IndexRecord, Listener
+from tskv.shells._live_pump import PUMP_AVAILABLE, LivePump
 from tskv.shells._reader_mirror import ReaderMirror
 from tskv.shells._reader_process import Reader, ReaderStatus
 from tskv.shells._watched import Roster, Watched
@@ -84,6 +85,7 @@ class Watcher(metaclass=NoPublicConstructor):
         self._readers: list[Reader] = []  # none: each worker is followed by a task here
         self._slots = 0  # how a reader process names a worker: its `add`'s number
         self._bootstraps = Bootstraps(snapshots_at_once)
+        self._pump: LivePump | None = None  # reads the live sockets of the workers here
 
     def add(
         self,
@@ -198,8 +200,8 @@ class Watcher(metaclass=NoPublicConstructor):
     async def _follow_here(self, worker: Worker, watched: Watched) -> None:
         with watched.scope:
             endpoints = (watched.endpoint, watched.replay_endpoint)
-            config, context = watched.config, self._context
-            await follow(self._record, worker, *endpoints, config, context, self._bootstraps)
+            config, context, turns = watched.config, self._context, self._bootstraps
+            await follow(self._record, worker, *endpoints, config, context, turns, self._pump)
 
     async def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
@@ -314,4 +316,7 @@ async def watch(
             reader = Reader(watcher._mirror, index.block_size, snapshots_at_once)
             await nursery.start(reader.run)
             watcher._readers.append(reader)
+        if not processes and PUMP_AVAILABLE:
+            watcher._pump = LivePump()
+            nursery.start_soon(watcher._pump.run)
         yield watcher

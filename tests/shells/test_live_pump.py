@@ -1,0 +1,140 @@
+"""A watcher's live pump: one task reading many real sockets (inproc PAIRs here)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+import zmq
+
+from tests.zmq_helpers import inproc_name
+from tskv.shells._inbox import Inbound, Live
+from tskv.shells._live_pump import PUMP_AVAILABLE, Clock, Feed, LivePump
+from tskv.shells._trio_zmq import TrioSocket
+
+pytestmark = pytest.mark.skipif(not PUMP_AVAILABLE, reason="the pump needs select.epoll")
+
+
+@asynccontextmanager
+async def pairs(
+    count: int, context: zmq.Context[zmq.Socket[bytes]] | None = None
+) -> AsyncIterator[list[tuple[zmq.Socket[bytes], TrioSocket]]]:
+    """`count` connected PAIRs: (the sending end, the receiving end as the pump reads it)."""
+    context = context or zmq.Context.instance()
+    made: list[tuple[zmq.Socket[bytes], TrioSocket]] = []
+    try:
+        for _ in range(count):
+            endpoint = inproc_name("pump")
+            receiving = context.socket(zmq.PAIR)
+            receiving.bind(endpoint)
+            sending = context.socket(zmq.PAIR)
+            sending.connect(endpoint)
+            made.append((sending, TrioSocket(receiving)))
+        yield made
+    finally:
+        for sending, receiving in made:
+            sending.close(linger=0)
+            receiving.close()
+
+
+async def collect(feed: Feed, count: int, into: list[bytes]) -> None:
+    """Take `count` messages from the feed, as its subscriber does."""
+    while len(into) < count:
+        item = await feed.receive()
+        assert isinstance(item, Live)
+        into.extend(message[0] for message in item.messages)
+
+
+async def test_one_task_moves_every_sockets_messages_in_order_several_a_wakeup() -> None:
+    pump = LivePump()
+    async with pairs(8) as sockets, trio.open_nursery() as nursery:
+        nursery.start_soon(pump.run)
+        for sending, _ in sockets[:4]:  # queued before the pump knows the socket
+            for index in range(100):
+                sending.send(b"%d" % index)
+        got: list[list[bytes]] = [[] for _ in sockets]
+        async with trio.open_nursery() as consumers:
+            for (_, receiving), into in zip(sockets, got, strict=True):
+                feed = pump.add(receiving, trio.open_memory_channel[Inbound](4), Clock())
+                consumers.start_soon(collect, feed, 300, into)
+            for index in range(300):
+                for number, (sending, _) in enumerate(sockets):
+                    if index >= 100 or number >= 4:
+                        sending.send(b"%d" % index)
+                if index % 50 == 0:
+                    await trio.lowlevel.checkpoint()
+        nursery.cancel_scope.cancel()
+    assert got == [[b"%d" % index for index in range(300)] for _ in sockets]
+    assert pump.messages == 8 * 300
+    assert pump.wakeups < pump.messages / 2  # messages waiting together are taken together
+
+
+async def test_a_full_inbox_holds_its_socket_back_without_spinning_or_losing() -> None:
+    pump = LivePump()
+    async with pairs(1) as sockets, trio.open_nursery() as nursery:
+        nursery.start_soon(pump.run)
+        ((sending, receiving),) = sockets
+        feed = pump.add(receiving, trio.open_memory_channel[Inbound](1), Clock())
+        got: list[bytes] = []
+        for index in range(1_000):
+            sending.send(b"%d" % index)
+            if index % 100 == 99:
+                with trio.fail_after(10):  # a pump that spun on the held socket never blocks
+                    await trio.testing.wait_all_tasks_blocked()
+                assert feed.held
+        with trio.fail_after(10):
+            await collect(feed, 1_000, got)
+        nursery.cancel_scope.cancel()
+    assert got == [b"%d" % index for index in range(1_000)]
+
+
+async def test_a_feed_taken_out_is_read_no_more_and_the_others_go_on() -> None:
+    pump = LivePump()
+    async with pairs(2) as sockets, trio.open_nursery() as nursery:
+        nursery.start_soon(pump.run)
+        feeds = [
+            pump.add(receiving, trio.open_memory_channel[Inbound](4), Clock())
+            for _, receiving in sockets
+        ]
+        feeds[0].close()
+        for sending, _ in sockets:
+            sending.send(b"after")
+        got: list[bytes] = []
+        with trio.fail_after(10):
+            await collect(feeds[1], 1, got)
+            await trio.testing.wait_all_tasks_blocked()
+        assert got == [b"after"]
+        assert pump.messages == 1  # the pump passed over both, and moved only the one
+        assert sockets[0][1].receive_nowait() == [b"after"]  # still on its socket, untaken
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_socket_that_fails_ends_its_own_subscriber_with_the_error() -> None:
+    pump = LivePump()
+    doomed: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    async with pairs(1) as healthy, trio.open_nursery() as nursery:
+        nursery.start_soon(pump.run)
+        async with pairs(1, doomed) as failing:
+            bad = pump.add(failing[0][1], trio.open_memory_channel[Inbound](4), Clock())
+            good = pump.add(healthy[0][1], trio.open_memory_channel[Inbound](4), Clock())
+            await trio.testing.wait_all_tasks_blocked()
+            terminating = trio.Event()
+
+            async def terminate() -> None:  # blocks until the doomed sockets are closed
+                terminating.set()
+                await trio.to_thread.run_sync(doomed.term)
+
+            nursery.start_soon(terminate)
+            await terminating.wait()
+            with trio.fail_after(10), pytest.raises(zmq.ContextTerminated):
+                await bad.receive()  # the pump gave it up: its subscriber learns why
+            bad.close()
+        healthy[0][0].send(b"still")
+        got: list[bytes] = []
+        with trio.fail_after(10):
+            await collect(good, 1, got)
+        assert got == [b"still"] and good.failure is None
+        nursery.cancel_scope.cancel()
