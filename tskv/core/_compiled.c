@@ -751,6 +751,65 @@ KeyTable_clear_bits(KeyTable *t, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* let_go(keys, bit): Holdings.release's usual case in one call, for a worker whose keys have
+   no other refs and no predictions: each key's mask without `bit` (a key left with none
+   removed), None and holdings.ABSENT passed over; returns the keys let go of, in order. None
+   when a mask or `bit` is past 64 bits (over 64 workers): the Python loop does those. A key
+   not held raises KeyError, as holders[key] does, after the keys before it were let go of. */
+static PyObject *
+KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "let_go expected 2 arguments, got %zd", nargs);
+    }
+    unsigned long long bit = PyLong_AsUnsignedLongLong(args[1]);
+    if (bit == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return NULL;
+        }
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (t->high != NULL && PyDict_GET_SIZE(t->high)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *fast = PySequence_Fast(args[0], "let_go takes a sequence of keys");
+    PyObject *let_go = fast == NULL ? NULL : PyList_New(0);
+    if (let_go == NULL) {
+        Py_XDECREF(fast);
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(fast); n++) {
+        PyObject *item = items[n];
+        if (item == Py_None || is_absent(item)) {
+            continue; /* it held nothing */
+        }
+        int64_t key;
+        if (stored_key(item, &key) < 0) {
+            goto error;
+        }
+        size_t i = t->capacity == 0 ? 0 : find(t, key);
+        if (t->capacity == 0 || t->slots[i].key == EMPTY) {
+            PyErr_SetObject(PyExc_KeyError, item);
+            goto error;
+        }
+        t->slots[i].mask &= ~(uint64_t)bit;
+        if (t->slots[i].mask == 0) {
+            remove_at(t, i);
+        }
+        if (PyList_Append(let_go, item) < 0) {
+            goto error;
+        }
+    }
+    Py_DECREF(fast);
+    return let_go;
+error:
+    Py_DECREF(fast);
+    Py_DECREF(let_go);
+    return NULL;
+}
+
 static PyObject *
 KeyTable_sizeof(KeyTable *t, PyObject *unused)
 {
@@ -778,6 +837,8 @@ static PyMethodDef KeyTable_methods[] = {
     {"clear", (PyCFunction)KeyTable_clear, METH_NOARGS, "clear(): forget every key."},
     {"mirror", (PyCFunction)KeyTable_mirror, METH_VARARGS,
      "mirror(bit, runs): take and let go of a worker's holds as its reader sent them."},
+    {"let_go", (PyCFunction)(void (*)(void))KeyTable_let_go, METH_FASTCALL,
+     "let_go(keys, bit): keys without bit; those let go of, or None for wide masks."},
     {"clear_bits", (PyCFunction)KeyTable_clear_bits, METH_O,
      "clear_bits(bits): take `bits` out of every mask, and the keys left with none."},
     {"__sizeof__", (PyCFunction)KeyTable_sizeof, METH_NOARGS, "the table's bytes"},
@@ -1037,6 +1098,47 @@ BlockMap_setdefault(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     return block_set(t, args[0], fallback) < 0 ? NULL : Py_NewRef(fallback);
 }
 
+/* pop_many(ids, default): [pop(id, default) for id in ids], one lookup each for the usual
+   id (the list comprehension made three, and a method call, per block). */
+static PyObject *
+BlockMap_pop_many(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "pop_many expected 2 arguments, got %zd", nargs);
+    }
+    PyObject *fast = PySequence_Fast(args[0], "pop_many takes a sequence of block ids");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
+    PyObject **ids = PySequence_Fast_ITEMS(fast);
+    PyObject *popped = PyList_New(size); /* its items NULL until set: safe to drop */
+    for (Py_ssize_t n = 0; popped != NULL && n < size; n++) {
+        int64_t id;
+        int fits = id_of(ids[n], &id);
+        Py_ssize_t i = fits > 0 ? slot_of_id(t, id) : -1;
+        PyObject *value = NULL;
+        if (fits < 0) {
+            /* the error is set */
+        } else if (i >= 0) {
+            value = PyLong_FromLongLong((long long)t->slots[i].mask);
+            if (value != NULL) {
+                remove_at(t, (size_t)i);
+            }
+        } else {
+            PyObject *pair[2] = {ids[n], args[1]};
+            value = BlockMap_pop(t, pair, 2); /* the other dict, or the default */
+        }
+        if (value == NULL) {
+            Py_CLEAR(popped);
+        } else {
+            PyList_SET_ITEM(popped, n, value);
+        }
+    }
+    Py_DECREF(fast);
+    return popped;
+}
+
 /* What `part` asks of every entry: 0 ids, 1 values, 2 (id, value) pairs; as a list. */
 static PyObject *
 block_list(KeyTable *t, int part)
@@ -1147,6 +1249,8 @@ static PySequenceMethods BlockMap_as_sequence = {
 static PyMethodDef BlockMap_methods[] = {
     {"get", (PyCFunction)(void (*)(void))BlockMap_get, METH_FASTCALL,
      "get(id, default=None): the block's key, or default."},
+    {"pop_many", (PyCFunction)(void (*)(void))BlockMap_pop_many, METH_FASTCALL,
+     "pop_many(ids, default): each id's key, popped, or default."},
     {"pop", (PyCFunction)(void (*)(void))BlockMap_pop, METH_FASTCALL,
      "pop(id[, default]): the block's key, taken out."},
     {"setdefault", (PyCFunction)(void (*)(void))BlockMap_setdefault, METH_FASTCALL,

@@ -233,10 +233,14 @@ class Filing:
         if view.hybrid is not None:
             self.holdings.release(view, view.hybrid.remove(event, view.blocks))
             return
-        pop, ids = view.blocks.pop, block_ids(tier_of(event), event.block_hashes)
+        blocks, ids = view.blocks, block_ids(tier_of(event), event.block_hashes)
         if not view.copies:
-            self.holdings.release(view, [pop(each, ABSENT) for each in ids])
+            if isinstance(blocks, dict):
+                self.holdings.release(view, [blocks.pop(each, ABSENT) for each in ids])
+            else:  # the compiled map: one call for the whole event
+                self.holdings.release(view, blocks.pop_many(ids, ABSENT))
             return
+        pop = blocks.pop
         copies, let_go = view.copies, []
         for each in ids:
             if copies.get(each):

@@ -181,6 +181,16 @@ class Holdings:
 
     def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
         """Let go of the worker's hold on each key (None, or ABSENT: it held nothing)."""
+        let_go = None
+        usual = not view.extra_refs and not self.predictions.masks
+        if self.table is not None and usual and isinstance(keys, list):
+            let_go = self.table.let_go(keys, view.bit)  # in one call (None: masks too wide)
+        if let_go is None:
+            let_go = self._let_go(view, keys)
+        if self.journal is not None and view.hybrid is None:
+            note_run(self.journal, view.bit, 1, let_go)
+
+    def _let_go(self, view: WorkerBlocks, keys: Iterable[int | None]) -> list[int]:
         holders, extra, keep = self.holders, view.extra_refs, ~view.bit
         predicted = self.predictions.masks
         let_go: list[int] = []
@@ -201,8 +211,7 @@ class Holdings:
             else:
                 del holders[key]
             let_go.append(key)
-        if self.journal is not None and view.hybrid is None:
-            note_run(self.journal, view.bit, 1, let_go)
+        return let_go
 
     def take_changes(self, view: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
         """The worker's holds taken and let go of since last asked, as runs, and a hybrid
