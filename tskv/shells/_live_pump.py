@@ -1,16 +1,16 @@
 """One task that reads every live SUB socket of a watcher, each wake-up taking what is waiting
 on all the sockets that signalled.
 
-A task per socket cost a wake-up, an epoll re-arm and two EVENTS reads per message, and a
-watcher's workers publish in step (a scheduler round each), so their messages come together:
-here the sockets' ZeroMQ fds sit in one epoll set of our own, Trio waits on that set's fd, and
-one pass drains every socket it names (measured on loopback with 32 workers: 61 µs of CPU a
-message with a task per socket, 27 with one pass).
+A task per socket cost a wake-up, an epoll re-arm and two EVENTS reads per message. Here the
+sockets' ZeroMQ fds sit in one epoll set of our own, Trio waits on that set's fd, and one pass
+drains every socket it names, so messages that arrive together (workers publishing in step, a
+reader that fell behind) are taken together: on loopback with 32 workers in step, 61 µs of CPU
+a message with a task per socket, 27 with one pass.
 
 Each socket's messages go to its subscriber's inbox as one `Live` item, never waiting: when
-the inbox is full, they are kept aside, the socket is taken out of the set (its fd would
-otherwise signal on every pass), and the subscriber's `taken()` puts it back once it has taken
-an item. Linux only (`select.epoll`); elsewhere each subscriber reads its own socket.
+the inbox is full, they are kept aside and the socket is taken out of the set (its fd would
+otherwise signal on every pass) until the subscriber takes an item from its `Feed`. Linux only
+(`select.epoll`); elsewhere, and for a lone subscriber, each socket has its own reader task.
 """
 
 from __future__ import annotations
