@@ -312,7 +312,7 @@ class KeyTableAsADict(RuleBasedStateMachine):
         """`Holdings.release` for a worker with no other refs and no predictions: done in one
         call, or declined (None) where a mask is past 64 bits, and the Python loop does it."""
         held = st.sampled_from(sorted(self.model)) if self.model else keys
-        drawn = st.one_of(held, held, keys, st.sampled_from([None, -1]))
+        drawn = st.one_of(held, held, keys, st.sampled_from([None, -1, "x", 2**70]))
         keys_let_go = data.draw(st.lists(drawn, max_size=6, unique_by=lambda key: key))
         expected, let_go, raised = dict(self.model), [], None
         try:
@@ -381,6 +381,15 @@ def test_the_table_refuses_what_no_key_or_mask_is(key: Any, mask: Any, error: ty
     with pytest.raises(error, match=r"KeyTable: a (key|mask)"):
         table[key] = mask
     assert len(table) == 0 and table.get(key, 7) == 7 and key not in table
+
+
+@pytest.mark.parametrize("key", ["x", 2**70, 1.5, (1, 2)])
+def test_letting_go_of_what_no_key_is_fails_as_the_holders_lookup_does(key: Any) -> None:
+    """`Holdings.release`'s loop looks each key up (`holders[key]`): `let_go` raises alike."""
+    table = _compiled.KeyTable()
+    table.update({5: 1})
+    assert outcome(table.let_go, [key], 1) is outcome(table.__getitem__, key) is KeyError
+    assert dict(table.items()) == {5: 1}
 
 
 def test_a_key_the_walk_never_reaches_is_never_an_error() -> None:

@@ -785,18 +785,16 @@ KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
         if (item == Py_None || is_absent(item)) {
             continue; /* it held nothing */
         }
-        int64_t key;
-        if (stored_key(item, &key) < 0) {
-            goto error;
-        }
-        size_t i = t->capacity == 0 ? 0 : find(t, key);
-        if (t->capacity == 0 || t->slots[i].key == EMPTY) {
-            PyErr_SetObject(PyExc_KeyError, item);
+        Py_ssize_t i = table_slot(t, item); /* anything not held: KeyError, as holders[key] */
+        if (i < 0) {
+            if (i == -1) {
+                PyErr_SetObject(PyExc_KeyError, item);
+            }
             goto error;
         }
         t->slots[i].mask &= ~(uint64_t)bit;
         if (t->slots[i].mask == 0) {
-            remove_at(t, i);
+            remove_at(t, (size_t)i);
         }
         if (PyList_Append(let_go, item) < 0) {
             goto error;
