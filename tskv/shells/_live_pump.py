@@ -34,6 +34,13 @@ class Clock:
     def __init__(self) -> None:
         self.heard = trio.current_time()
 
+    def take(self, sub: TrioSocket) -> list[list[bytes]]:
+        """What waits on `sub` (at most a burst, perhaps nothing), noting when it came."""
+        messages = sub.receive_waiting(LIVE_BURST)
+        if messages:
+            self.heard = trio.current_time()
+        return messages
+
 
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
 async def read_alone(sub: TrioSocket, inbox: trio.MemorySendChannel[Inbound], clock: Clock) -> None:
@@ -42,9 +49,8 @@ async def read_alone(sub: TrioSocket, inbox: trio.MemorySendChannel[Inbound], cl
     loop never spins without yielding."""
     while True:
         await sub.wait(zmq.POLLIN)
-        messages = sub.receive_waiting(LIVE_BURST)
+        messages = clock.take(sub)
         if messages:
-            clock.heard = trio.current_time()
             await inbox.send(Live(messages))
         else:  # EVENTS said a message was there and none was
             await trio.lowlevel.checkpoint()
@@ -155,21 +161,18 @@ class LivePump:
         """Move what waits on `feed`'s socket to its inbox. A feed whose inbox is full keeps
         what it took and is held back; one whose burst was whole is tried again next pass."""
         try:
-            if feed.kept is None:
-                feed.kept = feed.sub.receive_waiting(LIVE_BURST)
-                if not feed.kept:
-                    feed.kept = None
-                    return
-                feed.clock.heard = trio.current_time()
-            burst = len(feed.kept)
-            feed.inbox.send_nowait(Live(feed.kept))
-            feed.kept = None
-            self.messages += burst
-            if burst == LIVE_BURST:
+            messages, feed.kept = feed.kept or feed.clock.take(feed.sub), None
+            if not messages:
+                return
+            try:
+                feed.inbox.send_nowait(Live(messages))
+            except trio.WouldBlock:
+                feed.kept, feed.held = messages, True
+                self._poller.unregister(feed.fd)
+                return
+            self.messages += len(messages)
+            if len(messages) == LIVE_BURST:
                 self._again[feed] = None
-        except trio.WouldBlock:
-            feed.held = True
-            self._poller.unregister(feed.fd)
         except Exception as exc:  # this subscriber's socket failed, not the others'
             feed.failure = exc
             self._remove(feed)

@@ -1,6 +1,7 @@
 """The Trio subscriber: live batches in order, gaps repaired from replay, losses reported.
 
-Two tasks move bytes (one owns the SUB socket, one the DEALER replay socket) into one inbox;
+Two tasks move bytes (one owns the SUB socket, one the DEALER replay socket) into one inbox
+(a watcher's subscribers share one task over all their SUB sockets, `_live_pump`);
 the consumer's own task feeds the inbox to the I/O-free `Sequencer` and delivers what it says,
 so a consumer that stops iterating makes the SUB fall behind, and ZeroMQ's high-water mark,
 not unbounded memory, takes the strain (the gap is then repaired from replay).
@@ -13,7 +14,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal, cast, final
+from typing import Literal, final
 
 import attrs
 import trio
@@ -451,7 +452,8 @@ async def subscribe(
     sub, monitor, address = _open_sub(context, endpoint, binds, config, security, inbox_send)
     requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
     replay: ReplayClient | None = None
-    live, feed = Clock(), cast("Feed | None", None)
+    live = Clock()
+    feed: Feed | None = None
     try:
         if pump is not None:
             feed = pump.add(sub, (inbox_send, inbox_receive), live)
