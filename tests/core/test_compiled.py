@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tskv.core import block_keys, compiled
+from tskv.core import block_keys, compiled, filing
 from tskv.core.block_keys import chain_in_python, root_key
 from tskv.core.events import BlockStored
 from tskv.core.filing import run_keys
@@ -300,6 +300,26 @@ class KeyTableAsADict(RuleBasedStateMachine):
         else:  # the table kept what it did before the missing key: carry on from the table
             self.model = dict(self.table.items())
 
+    @rule(mask=masks, data=st.data())
+    def add_new(self, mask: int, data: st.DataObject) -> None:
+        """`Holdings.hold`'s usual case, content no worker held: every key stored, or none
+        (one held already, or one twice); declined (None) for a mask past 64 bits. Longer than
+        the keys fetched ahead, and often with a key twice: what was stored goes again."""
+        held = st.sampled_from(sorted(self.model)) if self.model else keys
+        drawn = st.one_of(keys, keys, held, st.sampled_from(["x", 2**70, -1]))
+        new = data.draw(st.lists(drawn, max_size=24))
+        got = outcome(self.table.add_new, new, mask)
+        fresh = dict.fromkeys(new, mask)
+        if mask >= 2**64:
+            assert got is None
+        elif not all(type(key) is int and key != -1 and -(2**63) <= key < 2**63 for key in new):
+            assert got is TypeError  # as storing it is; nothing was stored
+        elif len(fresh) == len(new) and self.model.keys().isdisjoint(fresh):
+            assert got is True
+            self.model.update(fresh)
+        else:
+            assert got is False
+
     @rule()
     def narrow(self) -> None:
         """Drop the masks past 64 workers, so that `let_go` has states it does not decline."""
@@ -487,6 +507,29 @@ class BlockMapAsADict(RuleBasedStateMachine):
         self.blocks.update(zip(ids, values, strict=True))
         self.model.update(zip(ids, values, strict=True))
 
+    @rule(data=st.data())
+    def add_new(self, data: st.DataObject) -> None:
+        """A run of new blocks, as `filing.add_new` stores it: all of them, or none (one here
+        already, or one twice). The map declines (None) what only its dict beside the slots
+        holds, and the Python path stores those."""
+        held = st.sampled_from(sorted(self.model, key=repr)) if self.model else block_ids
+        usual = st.tuples(st.one_of(st.integers(0, 40), held), keys)  # mostly what slots hold
+        drawn = st.one_of(usual, usual, usual, st.tuples(block_ids, block_values))
+        pairs = data.draw(st.lists(drawn, max_size=24))
+        ids, values = [block for block, _ in pairs], [key for _, key in pairs]
+        expected = len(set(ids)) == len(ids) and self.model.keys().isdisjoint(ids)
+        slots_hold = all(type(block) is int and 0 <= block < 2**64 - 1 for block in ids) and all(
+            type(key) is int and key != -1 and -(2**63) <= key < 2**63 for key in values
+        )
+        got = self.blocks.add_new(ids, values)
+        if slots_hold:
+            assert got is expected
+        else:  # declined, or refused at an id the dict beside holds before the one it declines
+            assert got is None or (got is False and not expected)
+        if got is None:  # what filing does then
+            assert filing.add_new(self.blocks, ids, values) is expected
+        assert filing.add_new(self.model, ids, values) is expected
+
     @rule()
     def clear(self) -> None:
         self.blocks.clear()
@@ -514,12 +557,13 @@ def test_a_growing_table_with_removals_stays_a_dict(kind: str) -> None:
     """Tens of thousands of keys through the tables' growth (by half, to sizes that are not
     powers of two) with removals all along, so that runs of keys wrap past the last slot and
     removals move keys back across it: the state machines above keep few keys, and never see
-    a table grow."""
+    a table grow, nor one large enough for its own 2 MB pages (past 131,072 slots), nor a batch
+    longer than the keys fetched ahead of a lookup."""
     rng = random.Random(kind)
     table = getattr(_compiled, kind)()
     model: dict[int, int] = {}
     held: list[int] = []  # the model's keys, to draw removals from
-    for step in range(1, 40_001):
+    for step in range(1, 150_001):
         key = rng.getrandbits(63)
         table[key] = model[key] = step
         held.append(key)
@@ -533,3 +577,23 @@ def test_a_growing_table_with_removals_stays_a_dict(kind: str) -> None:
             assert len(table) == len(model)
             assert dict(table.items()) == model
             assert all(table.get(key, -7) == value for key, value in model.items())
+        if step % 50_000 == 0:  # batches much longer than the keys fetched ahead
+            absent = [rng.getrandbits(63) for _ in range(100)]
+            assert table.keys().isdisjoint(absent) == model.keys().isdisjoint(absent)
+            assert not table.keys().isdisjoint([*absent, held[0]])
+    assert table.__sizeof__() > 2 << 20
+    if kind == "BlockMap":  # a batch of removals, past the fetches ahead
+        batch = held[:60] + [rng.getrandbits(63) for _ in range(3)]
+        assert table.pop_many(batch, -1) == [model.pop(each, -1) for each in batch]
+    else:
+        batch = held[:60]
+        for each in batch:
+            table[each] = model[each] = 1  # one worker's bit
+        assert table.let_go(batch, 1) == batch
+        for each in batch:
+            del model[each]
+    assert dict(table.items()) == model
+    table.clear()  # the large table's pages go back, and a small one grows again
+    assert len(table) == 0 and table.get(held[-1], -7) == -7
+    table[5] = 6
+    assert dict(table.items()) == {5: 6}

@@ -25,6 +25,10 @@ What it holds:
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if SIZEOF_PY_UHASH_T > 4
 #define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
@@ -193,6 +197,48 @@ next_slot(size_t i, size_t capacity)
     return i + 1 == capacity ? 0 : i + 1;
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)(address))
+#endif
+
+#define FETCH_AHEAD 16 /* keys of a batch whose slots are fetched before the one looked up */
+
+/* Ask the CPU to fetch the home slot of `obj`'s key (or id: the same bits) into its cache. At
+   millions of keys every lookup is a cache miss, and a batch's misses, asked for a few keys
+   ahead, overlap instead of each waiting for the one before (walk_table does the same with its
+   keys). A hint only: a value no slot holds (not an int, past 64 bits) fetches a useless line. */
+static inline void
+fetch_bits(const KeyTable *t, int64_t bits)
+{
+    if (t->capacity) {
+        PREFETCH(&t->slots[home_of(bits, t->capacity)]);
+    }
+}
+
+static inline void
+fetch_home(const KeyTable *t, PyObject *obj)
+{
+    if (PyLong_Check(obj)) {
+        fetch_bits(t, (int64_t)PyLong_AsUnsignedLongLongMask(obj)); /* an int: no error */
+    }
+}
+
+/* fetch_home for items[n + FETCH_AHEAD], or for the first FETCH_AHEAD items when n is -1:
+   called before looking up items[n], it keeps the fetches that far ahead. */
+static inline void
+fetch_ahead(const KeyTable *t, PyObject *const *items, Py_ssize_t count, Py_ssize_t n)
+{
+    if (n < 0) {
+        for (Py_ssize_t k = 0; k < count && k < FETCH_AHEAD; k++) {
+            fetch_home(t, items[k]);
+        }
+    } else if (n + FETCH_AHEAD < count) {
+        fetch_home(t, items[n + FETCH_AHEAD]);
+    }
+}
+
 /* The slot holding `key`, or the empty slot where it would go (the table is never full). */
 static inline size_t
 find(const KeyTable *t, int64_t key)
@@ -204,10 +250,55 @@ find(const KeyTable *t, int64_t key)
     return i;
 }
 
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* Whether slots for `capacity` are a table of their own on 2 MB pages (slots_new). */
+static inline int
+on_huge_pages(size_t capacity)
+{
+#if defined(MADV_HUGEPAGE)
+    return capacity * sizeof(Slot) >= HUGE_PAGE;
+#else
+    (void)capacity;
+    return 0;
+#endif
+}
+
+/* Memory for `capacity` slots. A table of millions of keys asks the OS for 2 MB pages (a hint
+   it may refuse): on 4 KB pages a random slot is also a miss in the CPU's table of pages, and
+   at 50 MB that walk costs as much as the slot's own miss; the small tables stay with Python's
+   allocator. Freed by slots_free with the same capacity. */
+static Slot *
+slots_new(size_t capacity)
+{
+#if defined(MADV_HUGEPAGE)
+    if (on_huge_pages(capacity)) {
+        size_t bytes = (capacity * sizeof(Slot) + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        void *memory = NULL;
+        if (posix_memalign(&memory, HUGE_PAGE, bytes) != 0) {
+            return NULL;
+        }
+        (void)madvise(memory, bytes, MADV_HUGEPAGE);
+        return memory;
+    }
+#endif
+    return PyMem_Malloc(capacity * sizeof(Slot));
+}
+
+static void
+slots_free(Slot *slots, size_t capacity)
+{
+    if (on_huge_pages(capacity)) {
+        free(slots);
+    } else {
+        PyMem_Free(slots);
+    }
+}
+
 static int
 resize(KeyTable *t, size_t capacity)
 {
-    Slot *slots = PyMem_Malloc(capacity * sizeof(Slot));
+    Slot *slots = slots_new(capacity);
     if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -222,7 +313,7 @@ resize(KeyTable *t, size_t capacity)
             t->slots[find(t, old[i].key)] = old[i];
         }
     }
-    PyMem_Free(old);
+    slots_free(old, old_capacity);
     return 0;
 }
 
@@ -473,7 +564,7 @@ table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static void
 KeyTable_dealloc(KeyTable *t)
 {
-    PyMem_Free(t->slots);
+    slots_free(t->slots, t->capacity);
     Py_XDECREF(t->high);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
@@ -592,20 +683,23 @@ KeyTable_keys(KeyTable *t, PyObject *unused)
 static PyObject *
 disjoint(KeyTable *t, PyObject *other, int (*contains)(KeyTable *, PyObject *))
 {
-    PyObject *iterator = PyObject_GetIter(other), *item;
-    if (iterator == NULL) {
+    PyObject *fast = PySequence_Fast(other, "isdisjoint takes an iterable");
+    if (fast == NULL) {
         return NULL;
     }
-    while ((item = PyIter_Next(iterator)) != NULL) {
-        int present = contains(t, item);
-        Py_DECREF(item);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    fetch_ahead(t, items, count, -1);
+    for (Py_ssize_t n = 0; n < count; n++) {
+        fetch_ahead(t, items, count, n);
+        int present = contains(t, items[n]);
         if (present) {
-            Py_DECREF(iterator);
+            Py_DECREF(fast);
             return present < 0 ? NULL : Py_NewRef(Py_False);
         }
     }
-    Py_DECREF(iterator);
-    return PyErr_Occurred() ? NULL : Py_NewRef(Py_True);
+    Py_DECREF(fast);
+    return Py_NewRef(Py_True);
 }
 
 static PyObject *
@@ -633,7 +727,7 @@ KeyTable_update(KeyTable *t, PyObject *other)
 static PyObject *
 KeyTable_clear(KeyTable *t, PyObject *unused)
 {
-    PyMem_Free(t->slots);
+    slots_free(t->slots, t->capacity);
     t->slots = NULL;
     t->capacity = 0;
     t->used = 0;
@@ -664,9 +758,12 @@ KeyTable_mirror(KeyTable *t, PyObject *args)
             return NULL;
         }
         PyObject **keys = PySequence_Fast_ITEMS(run);
-        for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(run); n++) {
+        Py_ssize_t count = PySequence_Fast_GET_SIZE(run);
+        fetch_ahead(t, keys, count, -1);
+        for (Py_ssize_t n = 0; n < count; n++) {
             int64_t key;
             int letting_go = number % 2;
+            fetch_ahead(t, keys, count, n);
             if (letting_go && (keys[n] == Py_None || is_absent(keys[n]))) {
                 continue; /* it held nothing: as Holdings.release skips it */
             }
@@ -780,8 +877,11 @@ KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject **items = PySequence_Fast_ITEMS(fast);
-    for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(fast); n++) {
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    fetch_ahead(t, items, count, -1);
+    for (Py_ssize_t n = 0; n < count; n++) {
         PyObject *item = items[n];
+        fetch_ahead(t, items, count, n);
         if (item == Py_None || is_absent(item)) {
             continue; /* it held nothing */
         }
@@ -806,6 +906,80 @@ error:
     Py_DECREF(fast);
     Py_DECREF(let_go);
     return NULL;
+}
+
+/* add_new's work on keys made C integers: when none of `keys` is in the table nor twice in
+   `keys`, each is stored with its value (values[n], or `value` for every key when values is
+   NULL) and 1 returned; else 0, the table as it was; -1 with MemoryError set, as it was too. */
+static int
+store_new(KeyTable *t, const int64_t *keys, Py_ssize_t count, const int64_t *values,
+          uint64_t value)
+{
+    for (Py_ssize_t n = 0; n < count && n < FETCH_AHEAD; n++) {
+        fetch_bits(t, keys[n]);
+    }
+    Py_ssize_t stored = 0;
+    int result = 1;
+    for (; stored < count; stored++) {
+        if (stored + FETCH_AHEAD < count) {
+            fetch_bits(t, keys[stored + FETCH_AHEAD]);
+        }
+        if (make_room(t) < 0) {
+            result = -1;
+            break;
+        }
+        size_t i = find(t, keys[stored]);
+        if (t->slots[i].key != EMPTY) { /* held, or twice in `keys`: what was stored goes */
+            result = 0;
+            break;
+        }
+        t->slots[i].key = keys[stored];
+        t->slots[i].mask = values == NULL ? value : (uint64_t)values[stored];
+        t->used++;
+    }
+    if (result != 1) {
+        for (Py_ssize_t n = 0; n < stored; n++) {
+            remove_at(t, find(t, keys[n]));
+        }
+    }
+    return result;
+}
+
+/* add_new(keys, mask): Holdings.hold's usual case in one call, content no worker held: when
+   none of `keys` is in the table nor twice in `keys`, each stored with `mask`: True; else
+   False, the table as it was. None when `mask` is past 64 bits (the Python path stores it).
+   A key that is not an int from hash() is a TypeError, as storing it is. */
+static PyObject *
+KeyTable_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "add_new expected 2 arguments, got %zd", nargs);
+    }
+    unsigned long long mask = PyLong_AsUnsignedLongLong(args[1]);
+    if (mask == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return NULL;
+        }
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *fast = PySequence_Fast(args[0], "add_new takes a sequence of keys");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    int64_t *keys = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int64_t));
+    int added = keys == NULL ? (PyErr_NoMemory(), -1) : 0;
+    for (Py_ssize_t n = 0; added == 0 && n < count; n++) {
+        added = stored_key(items[n], &keys[n]);
+    }
+    if (added == 0) {
+        added = store_new(t, keys, count, NULL, mask);
+    }
+    PyMem_Free(keys);
+    Py_DECREF(fast);
+    return added < 0 ? NULL : PyBool_FromLong(added);
 }
 
 static PyObject *
@@ -835,6 +1009,8 @@ static PyMethodDef KeyTable_methods[] = {
     {"clear", (PyCFunction)KeyTable_clear, METH_NOARGS, "clear(): forget every key."},
     {"mirror", (PyCFunction)KeyTable_mirror, METH_VARARGS,
      "mirror(bit, runs): take and let go of a worker's holds as its reader sent them."},
+    {"add_new", (PyCFunction)(void (*)(void))KeyTable_add_new, METH_FASTCALL,
+     "add_new(keys, mask): store keys none of which is held, or none; whether it did."},
     {"let_go", (PyCFunction)(void (*)(void))KeyTable_let_go, METH_FASTCALL,
      "let_go(keys, bit): keys without bit; those let go of, or None for wide masks."},
     {"clear_bits", (PyCFunction)KeyTable_clear_bits, METH_O,
@@ -1111,8 +1287,10 @@ BlockMap_pop_many(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **ids = PySequence_Fast_ITEMS(fast);
     PyObject *popped = PyList_New(size); /* its items NULL until set: safe to drop */
+    fetch_ahead(t, ids, size, -1);
     for (Py_ssize_t n = 0; popped != NULL && n < size; n++) {
         int64_t id;
+        fetch_ahead(t, ids, size, n);
         int fits = id_of(ids[n], &id);
         Py_ssize_t i = fits > 0 ? slot_of_id(t, id) : -1;
         PyObject *value = NULL;
@@ -1234,6 +1412,58 @@ BlockMap_update(KeyTable *t, PyObject *pairs)
     Py_RETURN_NONE;
 }
 
+/* add_new(ids, keys): filing's usual run, blocks new to the worker: when no id is in the map
+   nor twice in `ids`, each stored with its key: True; else False, the map as it was. None for
+   what only the map's dict beside the slots holds (an id that is not an int below 2**64 - 1,
+   a key that is not an int from hash(): an orphan's None): the Python path stores those. */
+static PyObject *
+BlockMap_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "add_new expected 2 arguments, got %zd", nargs);
+    }
+    PyObject *ids = PySequence_Fast(args[0], "add_new takes a sequence of block ids");
+    PyObject *keys = ids == NULL ? NULL : PySequence_Fast(args[1], "add_new takes keys");
+    if (keys == NULL) {
+        Py_XDECREF(ids);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(ids);
+    PyObject *result = NULL;
+    int64_t *bits = NULL; /* the ids' bits, then the keys' */
+    if (PySequence_Fast_GET_SIZE(keys) != count) {
+        PyErr_Format(PyExc_ValueError, "add_new: %zd ids and %zd keys", count,
+                     PySequence_Fast_GET_SIZE(keys));
+        goto done;
+    }
+    if ((bits = PyMem_Malloc((size_t)(count ? 2 * count : 1) * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int others = t->high != NULL && PyDict_GET_SIZE(t->high);
+    for (Py_ssize_t n = 0; n < count; n++) {
+        PyObject *id = PySequence_Fast_GET_ITEM(ids, n);
+        int fits = id_of(id, &bits[n]);
+        int holds = fits > 0 ? key_of(PySequence_Fast_GET_ITEM(keys, n), &bits[count + n]) : fits;
+        if (holds <= 0) {
+            result = holds < 0 ? NULL : Py_NewRef(Py_None);
+            goto done;
+        }
+        int beside = others ? PyDict_Contains(t->high, id) : 0;
+        if (beside) {
+            result = beside < 0 ? NULL : Py_NewRef(Py_False);
+            goto done;
+        }
+    }
+    int added = store_new(t, bits, count, bits + count, 0);
+    result = added < 0 ? NULL : PyBool_FromLong(added);
+done:
+    PyMem_Free(bits);
+    Py_DECREF(ids);
+    Py_DECREF(keys);
+    return result;
+}
+
 static PyMappingMethods BlockMap_as_mapping = {
     (lenfunc)BlockMap_length,
     (binaryfunc)BlockMap_subscript,
@@ -1247,6 +1477,8 @@ static PySequenceMethods BlockMap_as_sequence = {
 static PyMethodDef BlockMap_methods[] = {
     {"get", (PyCFunction)(void (*)(void))BlockMap_get, METH_FASTCALL,
      "get(id, default=None): the block's key, or default."},
+    {"add_new", (PyCFunction)(void (*)(void))BlockMap_add_new, METH_FASTCALL,
+     "add_new(ids, keys): store blocks none of which is here, or none; whether it did."},
     {"pop_many", (PyCFunction)(void (*)(void))BlockMap_pop_many, METH_FASTCALL,
      "pop_many(ids, default): each id's key, popped, or default."},
     {"pop", (PyCFunction)(void (*)(void))BlockMap_pop, METH_FASTCALL,
@@ -1307,12 +1539,6 @@ holders_of(PyObject *real, PyObject *predicted, PyObject *key, PyObject *zero)
     Py_DECREF(mask);
     return either;
 }
-
-#if defined(__GNUC__) || defined(__clang__)
-#define PREFETCH(address) __builtin_prefetch(address)
-#else
-#define PREFETCH(address) ((void)(address))
-#endif
 
 #define AHEAD 8 /* blocks keyed ahead of the one looked up */
 

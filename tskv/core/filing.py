@@ -102,21 +102,15 @@ class Filing:
             strings = self.store(view, *run[0])
             run.clear()
             return strings
-        blocks = view.blocks
-        ids, keys, mismatched, strings = run_keys(run, blocks, self.holdings.block_size)
-        if blocks.keys().isdisjoint(ids):
-            before = len(blocks)
-            blocks.update(zip(ids, keys, strict=True))
-            if len(blocks) == before + len(ids):
-                orphans = keys.count(None)
-                self.orphans += orphans
-                self.mismatched += mismatched
-                held = [key for key in keys if key is not None] if orphans else keys
-                self.holdings.hold(view, cast("list[int]", held))
-                run.clear()
-                return strings
-            for each in ids:  # a block twice in the run: none of them was here before
-                blocks.pop(each, None)
+        ids, keys, mismatched, strings = run_keys(run, view.blocks, self.holdings.block_size)
+        if add_new(view.blocks, ids, keys):
+            orphans = keys.count(None)
+            self.orphans += orphans
+            self.mismatched += mismatched
+            held = [key for key in keys if key is not None] if orphans else keys
+            self.holdings.hold(view, cast("list[int]", held))
+            run.clear()
+            return strings
         for stored, found in run:
             self.store(view, stored, found)
         run.clear()
@@ -251,6 +245,23 @@ class Filing:
             else:
                 let_go.append(pop(each, ABSENT))
         self.holdings.release(view, let_go)
+
+
+def add_new(blocks: BlockKeys, ids: list[BlockId], keys: list[int | None]) -> bool:
+    """Store each block's key if none of the blocks is in `blocks` nor twice in `ids`; whether
+    it did (if not, `blocks` is as it was). The compiled map does it in one call."""
+    added = None if isinstance(blocks, dict) else blocks.add_new(ids, keys)
+    if added is not None:
+        return added
+    if not blocks.keys().isdisjoint(ids):
+        return False
+    before = len(blocks)
+    blocks.update(zip(ids, keys, strict=True))
+    if len(blocks) == before + len(ids):
+        return True
+    for each in ids:  # a block twice in the run: none of them was here before
+        blocks.pop(each, None)
+    return False
 
 
 def run_keys(

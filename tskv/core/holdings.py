@@ -156,9 +156,13 @@ class Holdings:
             for key in keys:
                 if key in predicted:  # the prediction came true
                     self.predictions.drop(bit, key)
-        new = dict.fromkeys(keys, bit)
-        if len(new) == len(keys) and holders.keys().isdisjoint(new):
-            holders.update(new)  # content no worker held: the usual block
+        added = None if self.table is None else self.table.add_new(keys, bit)  # in one call
+        if added is None:  # the dict, or a mask past 64 bits
+            new = dict.fromkeys(keys, bit)
+            added = len(new) == len(keys) and holders.keys().isdisjoint(new)
+            if added:
+                holders.update(new)
+        if added:  # content no worker held: the usual block
             if self.journal is not None and view.hybrid is None:
                 note_run(self.journal, bit, 0, keys)
             return
