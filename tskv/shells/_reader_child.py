@@ -17,6 +17,7 @@ stdout are the pipe to the index's process (`_reader_process`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -202,6 +203,11 @@ def main() -> None:
     stdin, stdout = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the frames
     sys.stdout = sys.stderr
+    # This process is ours: its imports never die, and each batch makes objects by the
+    # hundred, so the default collector scanned the same modules again and again (4% of a
+    # reader's time in the fleet bench's profile).
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
     try:
         trio.run(_serve, block_size, at_once, level, stdin, stdout)
     except BaseException as exc:
