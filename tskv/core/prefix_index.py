@@ -413,7 +413,9 @@ class PrefixIndex:
         """For each worker, how many of the request's leading full blocks it holds. The
         request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
         must be given as its engine would see it, or its blocks are other blocks."""
-        if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
+        if type(token_ids) is not list and (  # a list, the usual: no check against the ABC
+            isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence)
+        ):
             raise TskvTypeError(
                 f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
             )
