@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,12 @@ def test_malformed_input_is_refused_alike(request: Any, root: Any, size: int, ot
     assert outcome(_compiled.chain, root, blocks) == outcome(chain_in_python, root, blocks)
 
 
+@given(st.lists(st.one_of(hashes, hashes, st.integers(-(2**70), 2**70), junk), max_size=12))
+def test_packed_keys_are_arrays_bytes(keys: list[Any]) -> None:
+    """A report's runs as the reader packs them: what array("q") makes, or refuses alike."""
+    assert outcome(_compiled.pack_keys, keys) == outcome(lambda: array("q", keys).tobytes())
+
+
 def test_the_walk_names_what_it_refuses() -> None:
     with pytest.raises(ValueError, match="size = 0 must be at least 1"):
         _compiled.walk({}, None, 0, [1, 2], 0, None)
@@ -270,16 +277,21 @@ class KeyTableAsADict(RuleBasedStateMachine):
     @rule(
         bit=bits,
         drawn=st.lists(
-            st.lists(st.one_of(keys, st.sampled_from([None, -1])), max_size=6), max_size=4
+            st.lists(st.one_of(keys, st.sampled_from([None, -1])), max_size=20), max_size=4
         ),
+        packed=st.booleans(),
     )
-    def mirror(self, bit: int, drawn: list[list[int | None]]) -> None:
+    def mirror(self, bit: int, drawn: list[list[int | None]], packed: bool) -> None:
         """A reader's runs, as `Holdings.hold` and `release` take them for a mirrored worker
-        (a let-go run may name None or ABSENT, -1, for a block that held nothing)."""
+        (a let-go run may name None or ABSENT, -1, for a block that held nothing), as lists or
+        packed, as the index's process parses them from a report."""
         runs = [
             run if number % 2 else [key for key in run if key is not None and key != -1]
             for number, run in enumerate(drawn)
         ]
+        given = runs
+        if packed:  # a block that held nothing is -1 there
+            given = [memoryview(array("q", [-1 if k is None else k for k in run])) for run in runs]
         expected, raised = dict(self.model), None
         try:
             for number, run in enumerate(runs):
@@ -294,7 +306,7 @@ class KeyTableAsADict(RuleBasedStateMachine):
                         del expected[key]
         except KeyError:
             raised = KeyError
-        assert outcome(self.table.mirror, bit, runs) in (None, raised)
+        assert outcome(self.table.mirror, bit, given) in (None, raised)
         if raised is None:
             self.model = expected
         else:  # the table kept what it did before the missing key: carry on from the table

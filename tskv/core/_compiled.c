@@ -735,9 +735,113 @@ KeyTable_clear(KeyTable *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* One run of mirror(): `keys` taken by `bit` (letting_go 0) or let go of (1), in order; EMPTY
+   (-1) among keys let go of is a block that held nothing (holdings.ABSENT, or None as it came).
+   A key let go of that no worker holds is a KeyError, as `Holdings.release` gives, after the
+   keys before it were let go of. */
+static int
+mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_ssize_t count)
+{
+    for (Py_ssize_t n = 0; n < count && n < FETCH_AHEAD; n++) {
+        fetch_bits(t, keys[n]);
+    }
+    for (Py_ssize_t n = 0; n < count; n++) {
+        if (n + FETCH_AHEAD < count) {
+            fetch_bits(t, keys[n + FETCH_AHEAD]);
+        }
+        int64_t key = keys[n];
+        if (key == EMPTY) {
+            if (letting_go) {
+                continue; /* it held nothing: as Holdings.release skips it */
+            }
+            PyErr_SetString(PyExc_TypeError, "KeyTable: a key is an int from hash(), never -1");
+            return -1;
+        }
+        if (!letting_go) {
+            if (make_room(t) < 0) {
+                return -1;
+            }
+            size_t i = find(t, key);
+            if (t->slots[i].key == EMPTY) {
+                t->slots[i].key = key;
+                t->slots[i].mask = 0;
+                t->used++;
+            }
+            t->slots[i].mask |= bit;
+            continue;
+        }
+        size_t i = t->capacity ? find(t, key) : 0;
+        if (t->capacity == 0 || t->slots[i].key == EMPTY) {
+            PyObject *missing = PyLong_FromLongLong(key);
+            if (missing != NULL) {
+                PyErr_SetObject(PyExc_KeyError, missing);
+                Py_DECREF(missing);
+            }
+            return -1;
+        }
+        t->slots[i].mask &= ~bit;
+        if (t->slots[i].mask == 0) {
+            int high = 0;
+            if (t->high != NULL) {
+                PyObject *as_int = PyLong_FromLongLong(key);
+                high = as_int == NULL ? -1 : PyDict_Contains(t->high, as_int);
+                Py_XDECREF(as_int);
+            }
+            if (high < 0) {
+                return -1;
+            }
+            if (!high) {
+                remove_at(t, i);
+            }
+        }
+    }
+    return 0;
+}
+
+/* One run as mirror() takes it: packed keys (a buffer of 8-byte ints in this machine's order,
+   format "q", as reader_messages parses a report's runs) are read as they are; any other
+   sequence is made C integers first, None and ABSENT among keys let go of as EMPTY. */
+static int
+mirror_run(KeyTable *t, uint64_t bit, int letting_go, PyObject *run)
+{
+    Py_buffer view;
+    if (!PyList_Check(run) && PyObject_CheckBuffer(run)) {
+        if (PyObject_GetBuffer(run, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear(); /* not contiguous, or released: read as a sequence, or refused there */
+        } else {
+            int packed = view.itemsize == 8 && view.format != NULL && !strcmp(view.format, "q");
+            int result = packed ? mirror_keys(t, bit, letting_go, view.buf, view.len / 8) : 0;
+            PyBuffer_Release(&view);
+            if (packed) {
+                return result;
+            }
+        }
+    }
+    PyObject *fast = PySequence_Fast(run, "mirror: a run must be a sequence of keys");
+    if (fast == NULL) {
+        return -1;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    int64_t *keys = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int64_t));
+    int result = keys == NULL ? (PyErr_NoMemory(), -1) : 0;
+    for (Py_ssize_t n = 0; result == 0 && n < count; n++) {
+        if (letting_go && (items[n] == Py_None || is_absent(items[n]))) {
+            keys[n] = EMPTY;
+        } else {
+            result = stored_key(items[n], &keys[n]);
+        }
+    }
+    if (result == 0) {
+        result = mirror_keys(t, bit, letting_go, keys, count);
+    }
+    PyMem_Free(keys);
+    Py_DECREF(fast);
+    return result;
+}
+
 /* mirror(bit, runs): a worker's holds taken and let go of as its reader sent them (runs of
-   keys: taken, let go of, taken...), for a worker whose bit is below 1 << 64. A key let go of
-   that no worker holds is a KeyError, as `Holdings.release` gives. */
+   keys: taken, let go of, taken...), for a worker whose bit is below 1 << 64. */
 static PyObject *
 KeyTable_mirror(KeyTable *t, PyObject *args)
 {
@@ -751,60 +855,10 @@ KeyTable_mirror(KeyTable *t, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t number = 0; number < PySequence_Fast_GET_SIZE(all); number++) {
-        PyObject *run = PySequence_Fast(PySequence_Fast_GET_ITEM(all, number),
-                                        "mirror: a run must be a sequence of keys");
-        if (run == NULL) {
+        if (mirror_run(t, bit, number % 2, PySequence_Fast_GET_ITEM(all, number)) < 0) {
             Py_DECREF(all);
             return NULL;
         }
-        PyObject **keys = PySequence_Fast_ITEMS(run);
-        Py_ssize_t count = PySequence_Fast_GET_SIZE(run);
-        fetch_ahead(t, keys, count, -1);
-        for (Py_ssize_t n = 0; n < count; n++) {
-            int64_t key;
-            int letting_go = number % 2;
-            fetch_ahead(t, keys, count, n);
-            if (letting_go && (keys[n] == Py_None || is_absent(keys[n]))) {
-                continue; /* it held nothing: as Holdings.release skips it */
-            }
-            if (stored_key(keys[n], &key) < 0) {
-                goto error;
-            }
-            if (!letting_go) {
-                if (make_room(t) < 0) {
-                    goto error;
-                }
-                size_t i = find(t, key);
-                if (t->slots[i].key == EMPTY) {
-                    t->slots[i].key = key;
-                    t->slots[i].mask = 0;
-                    t->used++;
-                }
-                t->slots[i].mask |= bit;
-                continue;
-            }
-            size_t i = t->capacity ? find(t, key) : 0;
-            if (t->capacity == 0 || t->slots[i].key == EMPTY) {
-                PyErr_SetObject(PyExc_KeyError, keys[n]);
-                goto error;
-            }
-            t->slots[i].mask &= ~(uint64_t)bit;
-            if (t->slots[i].mask == 0) {
-                int high = t->high == NULL ? 0 : PyDict_Contains(t->high, keys[n]);
-                if (high < 0) {
-                    goto error;
-                }
-                if (!high) {
-                    remove_at(t, i);
-                }
-            }
-        }
-        Py_DECREF(run);
-        continue;
-    error:
-        Py_DECREF(run);
-        Py_DECREF(all);
-        return NULL;
     }
     Py_DECREF(all);
     Py_RETURN_NONE;
@@ -1911,7 +1965,42 @@ done:
     return made;
 }
 
+/* pack_keys(keys) -> bytes: array("q", keys).tobytes(), a reader's runs of keys as its report
+   carries them (reader_messages), without array's generic per-item conversion. */
+static PyObject *
+pack_keys(PyObject *module, PyObject *keys)
+{
+    PyObject *fast = PySequence_Fast(keys, "pack_keys takes a sequence of ints");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+    for (Py_ssize_t n = 0; packed != NULL && n < count; n++) {
+        int overflow;
+        long long value = PyLong_Check(items[n])
+                              ? PyLong_AsLongLongAndOverflow(items[n], &overflow)
+                              : (PyErr_Format(PyExc_TypeError, "pack_keys: %R is not an int",
+                                              items[n]),
+                                 -1);
+        if (value == -1 && PyErr_Occurred()) {
+            Py_CLEAR(packed);
+        } else if (overflow) {
+            PyErr_Format(PyExc_OverflowError, "pack_keys: %R is past 64 bits", items[n]);
+            Py_CLEAR(packed);
+        } else {
+            int64_t key = (int64_t)value;
+            memcpy(PyBytes_AS_STRING(packed) + n * (Py_ssize_t)sizeof(int64_t), &key, sizeof key);
+        }
+    }
+    Py_DECREF(fast);
+    return packed;
+}
+
 static PyMethodDef methods[] = {
+    {"pack_keys", pack_keys, METH_O,
+     "pack_keys(keys) -> bytes: array('q', keys).tobytes(), compiled."},
     {"chain", chain, METH_VARARGS,
      "chain(key, blocks) -> list: block_keys.chain, compiled."},
     {"walk", walk, METH_VARARGS,

@@ -3,6 +3,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 def chain(key: int | None, blocks: Sequence[Any], /) -> list[int | None]: ...
+def pack_keys(keys: Sequence[int], /) -> bytes: ...
 def walk(
     real: dict[int, int] | KeyTable,
     predicted: dict[int, int] | None,

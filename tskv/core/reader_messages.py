@@ -6,19 +6,25 @@ for a worker's engine hashes (`AskHashes`). A reader answers with `News` frames:
 `Report` (its figures, the holds its index took and let go of, the losses to hand `on_loss`),
 its log records (`LogLine`), the answers (`Hashes`), and what it had to drop to stay bounded.
 Each message goes as a msgpack array tagged with its kind; a frame is its length (4 bytes,
-little-endian) and the packed message. Only the two ends of one pipe ever speak on it, so a
-message that does not parse is a bug on the other end: `ReaderMessageError` says which.
+little-endian) and the packed message. A report's keys go as 8-byte integers in this
+machine's order, packed in bytes: the index's process reads them as they are
+(`PrefixIndex.apply_changes` takes any sequence of ints, and the compiled table the bytes
+themselves) instead of making an int object of each. Only the two ends of one pipe ever
+speak on it, so a message that does not parse is a bug on the other end:
+`ReaderMessageError` says which.
 """
 
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import msgpack
 
+from tskv.core import compiled
 from tskv.core._msgspec import msgspec
 from tskv.core.errors import TskvError
 from tskv.core.hybrid import Op
@@ -72,7 +78,8 @@ class Report:
 
     slot: int
     figures: WorkerFigures
-    changes: list[list[int]]
+    # runs of keys: lists where made, read-only views of the packed keys where parsed
+    changes: Sequence[Sequence[int]] = attrs.field(eq=lambda runs: [list(run) for run in runs])
     strings: bool = False
     losses: list[Loss] = attrs.Factory(list)
     failure: tuple[str, float] | None = None
@@ -133,7 +140,7 @@ def _plain(message: Command | News | Report | LogLine | Hashes) -> tuple[Any, ..
             "report",
             message.slot,
             _figures_out(message.figures),
-            message.changes,
+            [_pack_keys(run) for run in message.changes],
             message.strings,
             losses,
             message.failure,
@@ -146,6 +153,14 @@ def _plain(message: Command | News | Report | LogLine | Hashes) -> tuple[Any, ..
         return ("hashes", message.question, message.hashes)
     items = [_plain(item) for item in message.items]
     return ("news", message.cpu_seconds, items, message.dropped_losses, message.dropped_logs)
+
+
+def _pack_keys(keys: Sequence[int]) -> bytes:
+    """A run of keys as 8-byte integers in this machine's order."""
+    if compiled.core is not None:
+        packed: bytes = compiled.core.pack_keys(keys)
+        return packed
+    return array("q", keys).tobytes()
 
 
 def _check(condition: bool, what: str, value: object) -> None:
@@ -192,13 +207,13 @@ def _loss_in(value: Any) -> Loss:
         raise ReaderMessageError(f"reader pipe: no loss reason {reason!r}") from None
 
 
-def _changes_in(value: Any) -> list[list[int]]:
+def _changes_in(value: Any) -> list[memoryview]:
     _check(
-        type(value) is list and all([type(run) is list for run in value]),
-        "changes as lists of keys",
+        type(value) is list and all([type(run) is bytes and not len(run) % 8 for run in value]),
+        "changes as runs of 8-byte keys",
         value,
     )
-    return value  # type: ignore[no-any-return]  # keys are what hash() gave: any int
+    return [memoryview(run).cast("q") for run in value]  # keys are what hash() gave: any int
 
 
 _SHAPES = {
