@@ -207,13 +207,16 @@ def _loss_in(value: Any) -> Loss:
         raise ReaderMessageError(f"reader pipe: no loss reason {reason!r}") from None
 
 
-def _changes_in(value: Any) -> list[memoryview]:
+def _changes_in(value: Any) -> list[memoryview] | list[list[int]]:
     _check(
         type(value) is list and all([type(run) is bytes and not len(run) % 8 for run in value]),
         "changes as runs of 8-byte keys",
         value,
     )
-    return [memoryview(run).cast("q") for run in value]  # keys are what hash() gave: any int
+    views = [memoryview(run).cast("q") for run in value]  # keys are what hash() gave: any int
+    if compiled.core is None:  # the pure path's dicts take ints: made at C speed, here
+        return [view.tolist() for view in views]
+    return views
 
 
 _SHAPES = {
