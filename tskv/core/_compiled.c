@@ -20,6 +20,8 @@ What it holds:
     this costs one. Masks past 64 workers keep their high bits in a dict beside it.
   BlockMap: a worker's blocks (engine hash -> content key) in the same slots, what no slot
     can hold (a tiered block's tuple, an orphan's None) in a dict beside them.
+  pack_keys(keys): a reader's run of keys as 8-byte integers, as its report carries them
+    (KeyTable.mirror reads them so).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -902,6 +904,23 @@ KeyTable_clear_bits(KeyTable *t, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* 1 and the mask in *out if `obj` is a mask within 64 bits; 0 if it is past them (or
+   negative): the bulk operations decline those, and the Python path does them; -1 with an
+   exception set if it is no int. */
+static int
+low_mask_of(PyObject *obj, unsigned long long *out)
+{
+    *out = PyLong_AsUnsignedLongLong(obj);
+    if (*out == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
 /* let_go(keys, bit): Holdings.release's usual case in one call, for a worker whose keys have
    no other refs and no predictions: each key's mask without `bit` (a key left with none
    removed), None and holdings.ABSENT passed over; returns the keys let go of, in order. None
@@ -913,13 +932,10 @@ KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     if (nargs != 2) {
         return PyErr_Format(PyExc_TypeError, "let_go expected 2 arguments, got %zd", nargs);
     }
-    unsigned long long bit = PyLong_AsUnsignedLongLong(args[1]);
-    if (bit == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            return NULL;
-        }
-        PyErr_Clear();
-        Py_RETURN_NONE;
+    unsigned long long bit;
+    int fits = low_mask_of(args[1], &bit);
+    if (fits <= 0) {
+        return fits < 0 ? NULL : Py_NewRef(Py_None);
     }
     if (t->high != NULL && PyDict_GET_SIZE(t->high)) {
         Py_RETURN_NONE;
@@ -1009,13 +1025,10 @@ KeyTable_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     if (nargs != 2) {
         return PyErr_Format(PyExc_TypeError, "add_new expected 2 arguments, got %zd", nargs);
     }
-    unsigned long long mask = PyLong_AsUnsignedLongLong(args[1]);
-    if (mask == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            return NULL;
-        }
-        PyErr_Clear();
-        Py_RETURN_NONE;
+    unsigned long long mask;
+    int fits = low_mask_of(args[1], &mask);
+    if (fits <= 0) {
+        return fits < 0 ? NULL : Py_NewRef(Py_None);
     }
     PyObject *fast = PySequence_Fast(args[0], "add_new takes a sequence of keys");
     if (fast == NULL) {
