@@ -49,6 +49,7 @@ def tests(session: nox.Session) -> None:
             "tests/core/test_hybrid_groups.py",
             "tests/core/test_predictions.py",
             "tests/core/test_prefix_index.py",
+            "tests/core/test_reader_messages.py",  # a report's keys: packed by array("q")
             "tests/shells/test_watcher.py",
         ]
         session.run("pytest", "-q", *pure, env={"TSKV_PURE_PYTHON": "1"})
