@@ -609,3 +609,22 @@ def test_a_growing_table_with_removals_stays_a_dict(kind: str) -> None:
     assert len(table) == 0 and table.get(held[-1], -7) == -7
     table[5] = 6
     assert dict(table.items()) == {5: 6}
+
+
+def test_a_large_table_is_counted_by_tracemalloc() -> None:
+    """A table past 2 MB of slots has memory of its own (for huge pages): tracemalloc, which
+    the bench's memory figures read, is told of it as of Python's own allocations."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        table = _compiled.KeyTable()
+        for key in range(1, 150_000):
+            table[key * 7919] = 1
+        size = table.__sizeof__()
+        assert size > 2 << 20
+        assert tracemalloc.get_traced_memory()[0] >= size
+        del table
+        assert tracemalloc.get_traced_memory()[0] < size / 4
+    finally:
+        tracemalloc.stop()

@@ -269,7 +269,8 @@ on_huge_pages(size_t capacity)
 /* Memory for `capacity` slots. A table of millions of keys asks the OS for 2 MB pages (a hint
    it may refuse): on 4 KB pages a random slot is also a miss in the CPU's table of pages, and
    at 50 MB that walk costs as much as the slot's own miss; the small tables stay with Python's
-   allocator. Freed by slots_free with the same capacity. */
+   allocator. Freed by slots_free with the same capacity. tracemalloc is told of both, so that
+   what it counts (the bench's memory figures) is the same either way. */
 static Slot *
 slots_new(size_t capacity)
 {
@@ -281,6 +282,7 @@ slots_new(size_t capacity)
             return NULL;
         }
         (void)madvise(memory, bytes, MADV_HUGEPAGE);
+        (void)PyTraceMalloc_Track(0, (uintptr_t)memory, bytes); /* -2 when it is not tracing */
         return memory;
     }
 #endif
@@ -291,6 +293,7 @@ static void
 slots_free(Slot *slots, size_t capacity)
 {
     if (on_huge_pages(capacity)) {
+        (void)PyTraceMalloc_Untrack(0, (uintptr_t)slots);
         free(slots);
     } else {
         PyMem_Free(slots);
