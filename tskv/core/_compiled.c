@@ -227,17 +227,28 @@ fetch_home(const KeyTable *t, PyObject *obj)
     }
 }
 
-/* fetch_home for items[n + FETCH_AHEAD], or for the first FETCH_AHEAD items when n is -1:
-   called before looking up items[n], it keeps the fetches that far ahead. */
+/* Called before looking up items[n] of a batch: at the first, asks for the first FETCH_AHEAD
+   slots; at each, for the slot FETCH_AHEAD further on, so that many stay in flight. */
 static inline void
 fetch_ahead(const KeyTable *t, PyObject *const *items, Py_ssize_t count, Py_ssize_t n)
 {
-    if (n < 0) {
-        for (Py_ssize_t k = 0; k < count && k < FETCH_AHEAD; k++) {
-            fetch_home(t, items[k]);
-        }
-    } else if (n + FETCH_AHEAD < count) {
+    for (Py_ssize_t k = 0; n == 0 && k < count && k < FETCH_AHEAD; k++) {
+        fetch_home(t, items[k]);
+    }
+    if (n + FETCH_AHEAD < count) {
         fetch_home(t, items[n + FETCH_AHEAD]);
+    }
+}
+
+/* fetch_ahead for keys already made C integers. */
+static inline void
+fetch_keys_ahead(const KeyTable *t, const int64_t *keys, Py_ssize_t count, Py_ssize_t n)
+{
+    for (Py_ssize_t k = 0; n == 0 && k < count && k < FETCH_AHEAD; k++) {
+        fetch_bits(t, keys[k]);
+    }
+    if (n + FETCH_AHEAD < count) {
+        fetch_bits(t, keys[n + FETCH_AHEAD]);
     }
 }
 
@@ -694,7 +705,6 @@ disjoint(KeyTable *t, PyObject *other, int (*contains)(KeyTable *, PyObject *))
     }
     PyObject **items = PySequence_Fast_ITEMS(fast);
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    fetch_ahead(t, items, count, -1);
     for (Py_ssize_t n = 0; n < count; n++) {
         fetch_ahead(t, items, count, n);
         int present = contains(t, items[n]);
@@ -747,13 +757,8 @@ KeyTable_clear(KeyTable *t, PyObject *unused)
 static int
 mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_ssize_t count)
 {
-    for (Py_ssize_t n = 0; n < count && n < FETCH_AHEAD; n++) {
-        fetch_bits(t, keys[n]);
-    }
     for (Py_ssize_t n = 0; n < count; n++) {
-        if (n + FETCH_AHEAD < count) {
-            fetch_bits(t, keys[n + FETCH_AHEAD]);
-        }
+        fetch_keys_ahead(t, keys, count, n);
         int64_t key = keys[n];
         if (key == EMPTY) {
             if (letting_go) {
@@ -907,13 +912,17 @@ KeyTable_clear_bits(KeyTable *t, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* 1 and the mask in *out if `obj` is a mask within 64 bits; 0 if it is past them (or
-   negative): the bulk operations decline those, and the Python path does them; -1 with an
-   exception set if it is no int. */
+/* The (keys, mask) arguments of let_go and add_new: 1 and the mask in *out when it is within
+   64 bits; 0 when it is past them (or negative): both decline those, and the Python path does
+   them; -1 with an exception set for a wrong count or a mask that is no int. */
 static int
-low_mask_of(PyObject *obj, unsigned long long *out)
+keys_and_mask(const char *name, Py_ssize_t nargs, PyObject *const *args, unsigned long long *out)
 {
-    *out = PyLong_AsUnsignedLongLong(obj);
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s expected 2 arguments, got %zd", name, nargs);
+        return -1;
+    }
+    *out = PyLong_AsUnsignedLongLong(args[1]);
     if (*out == (unsigned long long)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
             return -1;
@@ -932,11 +941,8 @@ low_mask_of(PyObject *obj, unsigned long long *out)
 static PyObject *
 KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        return PyErr_Format(PyExc_TypeError, "let_go expected 2 arguments, got %zd", nargs);
-    }
     unsigned long long bit;
-    int fits = low_mask_of(args[1], &bit);
+    int fits = keys_and_mask("let_go", nargs, args, &bit);
     if (fits <= 0) {
         return fits < 0 ? NULL : Py_NewRef(Py_None);
     }
@@ -951,7 +957,6 @@ KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject **items = PySequence_Fast_ITEMS(fast);
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    fetch_ahead(t, items, count, -1);
     for (Py_ssize_t n = 0; n < count; n++) {
         PyObject *item = items[n];
         fetch_ahead(t, items, count, n);
@@ -988,15 +993,10 @@ static int
 store_new(KeyTable *t, const int64_t *keys, Py_ssize_t count, const int64_t *values,
           uint64_t value)
 {
-    for (Py_ssize_t n = 0; n < count && n < FETCH_AHEAD; n++) {
-        fetch_bits(t, keys[n]);
-    }
     Py_ssize_t stored = 0;
     int result = 1;
     for (; stored < count; stored++) {
-        if (stored + FETCH_AHEAD < count) {
-            fetch_bits(t, keys[stored + FETCH_AHEAD]);
-        }
+        fetch_keys_ahead(t, keys, count, stored);
         if (make_room(t) < 0) {
             result = -1;
             break;
@@ -1025,11 +1025,8 @@ store_new(KeyTable *t, const int64_t *keys, Py_ssize_t count, const int64_t *val
 static PyObject *
 KeyTable_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        return PyErr_Format(PyExc_TypeError, "add_new expected 2 arguments, got %zd", nargs);
-    }
     unsigned long long mask;
-    int fits = low_mask_of(args[1], &mask);
+    int fits = keys_and_mask("add_new", nargs, args, &mask);
     if (fits <= 0) {
         return fits < 0 ? NULL : Py_NewRef(Py_None);
     }
@@ -1357,7 +1354,6 @@ BlockMap_pop_many(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **ids = PySequence_Fast_ITEMS(fast);
     PyObject *popped = PyList_New(size); /* its items NULL until set: safe to drop */
-    fetch_ahead(t, ids, size, -1);
     for (Py_ssize_t n = 0; popped != NULL && n < size; n++) {
         int64_t id;
         fetch_ahead(t, ids, size, n);
