@@ -262,6 +262,29 @@ async def test_a_tokenspeed_restart_whose_seqs_meet_ours_is_found_on_reconnect(
     assert seen.after_the_restart() == [(n, 1000 + n) for n in range(6)]
 
 
+async def test_restarts_the_consumer_does_not_read_are_counted_and_told_when_it_does() -> None:
+    """Four publishers in turn on one port while nothing reads the subscriber: more drops and
+    returns than its inbox holds. Each handshake is counted as it happens (the monitor never
+    waits on the consumer), and once read, the stream goes on from the last one."""
+    live = f"tcp://127.0.0.1:{free_loopback_port()}"
+    config = KVEventsConfig(endpoint=live, bind=True)
+    async with tskv.open_subscriber(live) as sub:
+        for made in range(1, 5):
+            async with tskv.open_publisher(config) as publisher:
+                with trio.fail_after(10):
+                    await publisher.wait_for_subscriber()
+                    while sub.statistics().handshakes < made:  # noqa: ASYNC110 - statistics
+                        await trio.sleep(0.01)
+        async with tskv.open_publisher(config) as publisher:
+            with trio.fail_after(10):
+                await publisher.wait_for_subscriber()
+            await publisher.publish(batch(0, "new"))
+            with trio.fail_after(10):
+                seq, got = await sub.__anext__()
+    assert (seq, got.events) == (0, batch(0, "new"))
+    assert sub.statistics().handshakes == 5
+
+
 def ev(n: int) -> list[tskv.KVEvent]:
     return [BlockStored([100 + n], None, [n] * 4, 4)]
 

@@ -16,7 +16,9 @@ connection drops and comes back, so a publisher that exited is known at once and
 restarted is checked; and when a handshake is refused for good: the peer refused this side's
 key, the security did not match, or it failed REFUSALS_FINAL times in a row with no detail
 (a wrong server key looks like that). A single undetailed failure is not final: a peer that
-goes away mid-handshake causes one.
+goes away mid-handshake causes one. Telling never waits on the subscriber's consumer, which may
+not be reading: the monitor keeps counting and logging, and what it has yet to tell is owed,
+bounded (a drop and a return at most, the latest kept; or the refusal, which ends it all).
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class SocketMonitor:
         self.reattached = 0  # working connections ZeroMQ ended for good, connected again here
         self._reattach = reattach
         self._dropped_hint = dropped_hint
+        self._owed: list[Connection | HandshakeRefused] = []  # notices not yet in the inbox
+        self._owing = trio.Event()
         self.answered = trio.Event()  # set at the first successful handshake
         self.stopped = False  # the socket no longer reports to this monitor
         self._watched = sock
@@ -88,6 +92,14 @@ class SocketMonitor:
 
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
     async def run(self) -> None:
+        if self._inbox is None:
+            await self._watch()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliver, self._inbox)
+            await self._watch()
+
+    async def _watch(self) -> None:
         working = False  # the connection's handshake succeeded (a refused one is not retried)
         dropped = False  # a working connection ended, and ZeroMQ has not said it will retry it
         refused = 0  # handshakes failed since the last that succeeded
@@ -101,7 +113,7 @@ class SocketMonitor:
             kind = event["event"]
             if kind == zmq.EVENT_DISCONNECTED:
                 if working and self._inbox is not None:
-                    await self._inbox.send(Connection(up=False))
+                    self._tell(Connection(up=False))
                 dropped, working = working and self._reattach is not None, False
             elif kind == zmq.EVENT_CONNECT_RETRIED:
                 dropped = False
@@ -110,7 +122,7 @@ class SocketMonitor:
                 self.handshakes += 1
                 self.answered.set()
                 if self.handshakes > 1 and self._inbox is not None:
-                    await self._inbox.send(Connection(up=True))
+                    self._tell(Connection(up=True))
             elif kind in _FAILED:
                 self.handshake_failures += 1
                 refused += 1
@@ -129,10 +141,26 @@ class SocketMonitor:
                 if final and self._inbox is not None:
                     times = f", {refused} times in a row" if refused > 1 else ""
                     why = f"{_describe(kind)}{times}"
-                    await self._inbox.send(
-                        HandshakeRefused(f"the handshake with {peer} failed ({why}); {self.hint}")
-                    )
+                    refused_for_good = f"the handshake with {peer} failed ({why}); {self.hint}"
+                    self._tell(HandshakeRefused(refused_for_good))
                     self._inbox = None  # said once: the subscriber raises it
+
+    def _tell(self, notice: Connection | HandshakeRefused) -> None:
+        """Owe `notice` to the inbox. Drops and returns alternate, so a run of them that the
+        consumer has not taken yet comes down to its last one or two: the connection's state
+        now, and whether it was lost on the way. A refusal makes the rest moot."""
+        if isinstance(notice, HandshakeRefused) or len(self._owed) == 2:
+            self._owed.clear()
+        self._owed.append(notice)
+        self._owing.set()
+
+    @trio.lowlevel.enable_ki_protection
+    async def _deliver(self, inbox: trio.MemorySendChannel[Inbound]) -> None:
+        while True:
+            await self._owing.wait()
+            self._owing = trio.Event()
+            while self._owed:
+                await inbox.send(self._owed.pop(0))
 
     def _attach_again(self) -> None:
         assert self._reattach is not None
