@@ -208,12 +208,11 @@ def _loss_in(value: Any) -> Loss:
 
 
 def _changes_in(value: Any) -> list[memoryview] | list[list[int]]:
-    _check(
-        type(value) is list and all([type(run) is bytes and not len(run) % 8 for run in value]),
-        "changes as runs of 8-byte keys",
-        value,
-    )
-    views = [memoryview(run).cast("q") for run in value]  # keys are what hash() gave: any int
+    _check(type(value) is list, "changes as runs of 8-byte keys", value)
+    views = []
+    for run in value:
+        _check(type(run) is bytes and not len(run) % 8, "changes as runs of 8-byte keys", value)
+        views.append(memoryview(run).cast("q"))  # keys are what hash() gave: any int
     if compiled.core is None:  # the pure path's dicts take ints: made at C speed, here
         return [view.tolist() for view in views]
     return views
@@ -232,7 +231,7 @@ _SHAPES = {
 
 def _report_in(value: Any) -> Report:
     _, slot, figures, changes, strings, losses, failure, ops, lookahead = value
-    _check(type(ops) is list and all([type(op) is list for op in ops]), "ops", ops)
+    _check(type(ops) is list and (not ops or all([type(op) is list for op in ops])), "ops", ops)
     _check(
         type(slot) is int
         and type(strings) is bool
@@ -257,9 +256,9 @@ def _report_in(value: Any) -> Report:
         _figures_in(figures),
         _changes_in(changes),
         strings,
-        [_loss_in(loss) for loss in losses],
+        [_loss_in(loss) for loss in losses] if losses else [],
         failure,
-        [tuple(op) for op in ops],
+        [tuple(op) for op in ops] if ops else [],
         lookahead,
     )
 
@@ -268,6 +267,8 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
     _check(isinstance(value, (list, tuple)) and len(value) >= 1, "a tagged array", value)
     kind = value[0]
     _check(_SHAPES.get(kind) == len(value), f"a known message of its length ({kind!r})", value)
+    if kind == "report":  # first: the one that comes for every batch
+        return _report_in(value)
     if kind == "follow":
         _, slot, endpoint, replay, settings = value
         _check(_int(slot) and isinstance(endpoint, str), "follow's slot and endpoint", value)
@@ -280,8 +281,6 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
     if kind == "ask_hashes":
         _check(_int(value[1]) and _int(value[2]), "ask_hashes' numbers", value)
         return AskHashes(value[1], value[2])
-    if kind == "report":
-        return _report_in(value)
     if kind == "log":
         _, name, level, text = value
         _check(isinstance(name, str) and _int(level) and isinstance(text, str), "a log", value)

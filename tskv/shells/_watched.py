@@ -28,7 +28,8 @@ class Watched:
     def update(self, figures: WorkerFigures) -> None:
         """New figures: whoever waits on this worker looks again, and a turn is told."""
         before, self.figures = self.figures, figures
-        self.changed.unpark_all()
+        if self.changed:  # most reports find no one waiting, and unparking none costs calls
+            self.changed.unpark_all()
         turned = before.stale != figures.stale or before.silent != figures.silent
         if turned and self.on_turn is not None:
             self.on_turn()
