@@ -143,6 +143,11 @@ def _router(
                 result["reader_bytes"] = grown / len(index) if watcher.readers else None
             async with trio.open_nursery() as nursery:
                 queries = _Queries()
+                if cached:  # first the stream alone: what waking for the queries adds shows
+                    alone = _cpu(watcher, len(endpoints))
+                    await trio.sleep(STEADY / 2)
+                    applied = _per_batch(watcher, len(endpoints), alone, 0.0)
+                    result["alone_cpu_us"] = applied["cpu_us"]
                 before = _cpu(watcher, len(endpoints))
                 if cached:
                     nursery.start_soon(_ask, index, watcher, queries)

@@ -350,8 +350,10 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         f"CPU per batch for {STEADY:.0f} s once every worker is current), 2 reader processes; a "
         "2,000-token prompt matched every millisecond (wall / CPU time of the matching thread; "
         "the index process's CPU per batch leaves out what making and matching the prompts "
-        "took, not their wakeups). The publishers' one process stands in for 64 engines: its "
-        "CPU from the routers subscribing to every worker current is all 64 snapshots served "
+        "took, not their wakeups: the same figure over the "
+        f"{STEADY / 2:.0f} s before the queries began is given apart). The publishers' one "
+        "process stands in for 64 engines: its CPU from the routers subscribing to every "
+        "worker current is all 64 snapshots served "
         "and the rounds published meanwhile, on the router's machine here:\n"
     )
     out(
@@ -360,8 +362,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
         "a query's wait for the loop: p50 / p99 | "
-        "index process memory a block | readers' | CPU per batch once current: index process, "
-        "with readers | "
+        "index process memory a block | readers' | CPU per batch once current: index process "
+        "with no queries; with queries, and with readers | "
         "wrong views / losses at the end |"
     )
     out("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -377,7 +379,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
             f"{run['bootstrap_index_cpu_s']:.1f} s | {run['publisher_bootstrap_cpu_s']:.1f} s | "
             f"{run['stale_after_bootstrap']} / "
             f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | {waited} | "
-            f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | {run['cpu_us']:.0f} µs, "
+            f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | "
+            f"{run['alone_cpu_us']:.0f} µs; {run['cpu_us']:.0f} µs, "
             f"{run['total_cpu_us']:.0f} µs | {run['wrong_views']} / {run['losses']} |"
         )
 
