@@ -256,6 +256,21 @@ async def _ask(index: PrefixIndex, watcher: Watcher, queries: _Queries) -> None:
             queries.waits.append((trio.current_time() - due) * 1e6)
 
 
+def timer_wakeup(conn: Connection) -> None:
+    """CPU µs a Trio loop spends on each wakeup of a task sleeping 1 ms at a time, as the
+    bench's queries do (nothing else runs): what their pacing adds to the index's process."""
+
+    async def main() -> None:
+        wakeups, cpu = 3_000, time.process_time()
+        due = trio.current_time()
+        for _ in range(wakeups):
+            due += 0.001
+            await trio.sleep_until(due)
+        conn.send((time.process_time() - cpu) / wakeups * 1e6)
+
+    trio.run(main)
+
+
 def _bare_subscriber(endpoints: list[tuple[str, str]], conn: Connection) -> None:
     """A SUB socket per worker that only counts what arrives: no decoding, no index. What an
     extra subscriber costs the publishers themselves, apart from the busier machine a router
