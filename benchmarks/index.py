@@ -18,10 +18,13 @@ from benchmarks.rounds import BLOCK, blocks_per_round, churn_maker
 from tskv.core import compiled
 from tskv.core.block_keys import root_key
 from tskv.core.codec import decode_batch, encode_batch
+from tskv.core.config import SubscriberConfig
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from tskv.core.prefix_index import PrefixIndex, _walk
 from tskv.core.reader_messages import FrameReader, News, Report, frame, news
 from tskv.core.worker_view import WorkerFigures
+from tskv.shells._reader_mirror import ReaderMirror
+from tskv.shells._watched import Roster, Watched
 
 WORKERS = 64
 
@@ -467,8 +470,9 @@ def _reader_filing(pure: bool, conn: Connection) -> None:
 
 def _index_mirroring(pure: bool, conn: Connection) -> None:
     """The index's process taking reports off its reader's pipe (40 holds taken, 40 let go of,
-    as a small round's filing makes them), parsed and mirrored, with 64 workers × 50,000 blocks
-    held: CPU µs a report, warm and cold. The reader framed each beforehand."""
+    as a small round's filing makes them), parsed and mirrored as the watcher does (the holds,
+    the worker's trust and figures), with 64 workers × 50,000 blocks held: CPU µs a report,
+    warm and cold. The reader framed each beforehand."""
     if pure:
         compiled.core = None
     index, rng = PrefixIndex(BLOCK), random.Random(7)
@@ -476,18 +480,22 @@ def _index_mirroring(pure: bool, conn: Connection) -> None:
     held = [[rng.getrandbits(62) for _ in range(FLEET_BLOCKS)] for _ in range(WORKERS)]
     for worker, keys in enumerate(held):
         index.apply_changes(worker, [keys])
+    endpoint = "tcp://127.0.0.1:1"  # never connected: the mirror only keeps its figures
+    roster: Roster = {w: Watched(endpoint, None, SubscriberConfig(), w) for w in range(WORKERS)}
+    mirror = ReaderMirror(index, roster, None)
 
     def report(worker: int) -> Callable[[], object]:
         taken = [rng.getrandbits(62) for _ in range(per_round)]
         let_go = held[worker][:per_round]
         held[worker] = held[worker][per_round:] + taken
-        sent = frame(News(0.0, [Report(worker, WorkerFigures(), [taken, let_go])]))
+        figures = WorkerFigures(batches=1, last_seq=0, stale=False)  # a current worker's
+        sent = frame(News(0.0, [Report(worker, figures, [taken, let_go])]))
 
         def take() -> None:
             for message in news(FrameReader().feed(sent)):
                 for item in message.items:
                     assert isinstance(item, Report)
-                    index.apply_changes(item.slot, item.changes)
+                    mirror.report(item.slot, item)
 
         return take
 
