@@ -512,7 +512,8 @@ def _reader_filing_section(out: Callable[[str], None]) -> None:
         ),
         (
             "The index's process taking a reader's report of a small round off the pipe, parsed "
-            "and mirrored (40 holds taken, 40 let go of; 3.2M blocks held)",
+            "and mirrored as the watcher does (40 holds taken, 40 let go of, the worker's trust "
+            "and figures; 3.2M blocks held)",
             _index_mirroring,
         ),
     ):
