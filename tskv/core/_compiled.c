@@ -421,6 +421,28 @@ stored_key(PyObject *obj, int64_t *out)
     return found < 0 ? -1 : 0;
 }
 
+/* `count` keys made C integers, in a new array for PyMem_Free, or NULL with the error set (a
+   key that is not an int from hash(): TypeError). With `let_go`, None and holdings.ABSENT are
+   EMPTY: keys let go of that held nothing. */
+static int64_t *
+c_keys(PyObject *const *items, Py_ssize_t count, int let_go)
+{
+    int64_t *keys = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int64_t));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t n = 0; n < count; n++) {
+        if (let_go && (items[n] == Py_None || is_absent(items[n]))) {
+            keys[n] = EMPTY;
+        } else if (stored_key(items[n], &keys[n]) < 0) {
+            PyMem_Free(keys);
+            return NULL;
+        }
+    }
+    return keys;
+}
+
 /* The mask stored for slot `i` as an int (a new reference). */
 static PyObject *
 mask_at(const KeyTable *t, size_t i)
@@ -832,19 +854,8 @@ mirror_run(KeyTable *t, uint64_t bit, int letting_go, PyObject *run)
         return -1;
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    int64_t *keys = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int64_t));
-    int result = keys == NULL ? (PyErr_NoMemory(), -1) : 0;
-    for (Py_ssize_t n = 0; result == 0 && n < count; n++) {
-        if (letting_go && (items[n] == Py_None || is_absent(items[n]))) {
-            keys[n] = EMPTY;
-        } else {
-            result = stored_key(items[n], &keys[n]);
-        }
-    }
-    if (result == 0) {
-        result = mirror_keys(t, bit, letting_go, keys, count);
-    }
+    int64_t *keys = c_keys(PySequence_Fast_ITEMS(fast), count, letting_go);
+    int result = keys == NULL ? -1 : mirror_keys(t, bit, letting_go, keys, count);
     PyMem_Free(keys);
     Py_DECREF(fast);
     return result;
@@ -1035,15 +1046,8 @@ KeyTable_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    int64_t *keys = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int64_t));
-    int added = keys == NULL ? (PyErr_NoMemory(), -1) : 0;
-    for (Py_ssize_t n = 0; added == 0 && n < count; n++) {
-        added = stored_key(items[n], &keys[n]);
-    }
-    if (added == 0) {
-        added = store_new(t, keys, count, NULL, mask);
-    }
+    int64_t *keys = c_keys(PySequence_Fast_ITEMS(fast), count, 0);
+    int added = keys == NULL ? -1 : store_new(t, keys, count, NULL, mask);
     PyMem_Free(keys);
     Py_DECREF(fast);
     return added < 0 ? NULL : PyBool_FromLong(added);
