@@ -340,3 +340,31 @@ def test_a_snapshot_of_a_hybrid_stream_rebuilds_the_same_answers(
         for prompt in prompts_:
             for length in range(2, len(prompt) + 1):
                 assert rebuilt.match(prompt[:length]) == live.match(prompt[:length])
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # a lower tier's store naming one hash twice: the second copy, under no key,
+        # replaces the first, which the same event took
+        [BlockStored([5, 5], None, [1, 1], 2, medium="CPU")],
+        # a hybrid worker's block replaced by one no query reaches, named twice
+        [
+            BlockStored([5], None, [1, 1], 2),
+            BlockStored([6], None, [2, 2], 2, medium="CPU"),
+            BlockStored([5, 5], None, [], 2),
+        ],
+    ],
+)
+def test_a_tiered_workers_block_replaced_within_a_batch_is_let_go_of_once(
+    events: list[KVEvent],
+) -> None:
+    """A worker with a tier files each event as a plain worker would in that tier: here the
+    index is left as if the replaced block had never come, where it once let go of a key it
+    did not hold yet, or held no longer, and raised KeyError."""
+    index = tskv.PrefixIndex(2)
+    index.apply("w", events)
+    assert index.match([1, 1]) == {}
+    assert index.engine_hashes("w") >= {5}
+    index.apply("w", [AllBlocksCleared()])
+    assert len(index) == 0

@@ -213,10 +213,11 @@ class Filing:
         change = view.hybrid.store(event, view.blocks, learned)
         self.orphans += change.orphans
         self.unplaced += change.unplaced
-        if change.let_go:
-            self.holdings.release(view, change.let_go)
+        # Taken first: an event naming a hash twice can let go of what it took itself.
         if change.taken:
             self.holdings.hold(view, change.taken)
+        if change.let_go:
+            self.holdings.release(view, change.let_go)
         if event.lookahead_token_ids:
             view.lookahead = len(event.lookahead_token_ids[0])
         return change.strings

@@ -91,7 +91,7 @@ class HybridView:
             if old is not None:  # another block under this hash: the old one goes
                 change.let_go += self.drop(tier, old, 1 + self.copies.pop(each, 0))
             if ref is None:  # held, as the stream says, but no query can reach it
-                blocks.setdefault(each, None)
+                blocks[each] = None  # (the old block, if any, let go of above)
                 continue
             blocks[each] = ref
             self.keys[block] = ref
