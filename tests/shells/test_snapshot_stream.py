@@ -233,11 +233,9 @@ async def test_decoding_a_snapshot_lets_the_consumers_loop_run_between_its_parts
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Decoded in one go, a 400,000-block snapshot held the consumer's loop for 0.65 s."""
-    from tskv.shells import _snapshot_parts as parts_module
-
     ticks = 0
     seen: list[int] = []  # the ticks counted at each part's decoding
-    decode = parts_module.decode_batch
+    decode = tskv.decode_batch
 
     def counted(payload: bytes) -> tskv.KVEventBatch:
         seen.append(ticks)
@@ -258,7 +256,7 @@ async def test_decoding_a_snapshot_lets_the_consumers_loop_run_between_its_parts
         async with tskv.open_subscriber(
             publisher.endpoint, publisher.replay_endpoint, start_seq="snapshot"
         ) as sub:
-            monkeypatch.setattr(parts_module, "decode_batch", counted)
+            monkeypatch.setattr(sub, "_read", counted)  # how it decodes each part
             nursery.start_soon(tick)
             with trio.fail_after(60):
                 _, snapshot = await sub.__anext__()

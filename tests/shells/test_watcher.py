@@ -18,7 +18,9 @@ import zmq
 import tskv
 from tests.zmq_helpers import LOOPBACK, free_loopback_port, publish_parts
 from tskv import AllBlocksCleared, BlockStored, LossReason
+from tskv.core import compiled
 from tskv.core.prefix_index import Worker
+from tskv.core.read_batch import ReadBatch
 from tskv.core.snapshot import PART_BLOCKS
 from tskv.shells._following import Bootstraps, follow
 from tskv.shells._snapshot_parts import SnapshotParts
@@ -322,7 +324,8 @@ class _KeepingRecord:
     nothing else."""
 
     def __init__(self) -> None:
-        self.batch: tskv.KVEventBatch | None = None
+        self.index = tskv.PrefixIndex(2)  # its block size: the follower reads batches for it
+        self.batch: tskv.KVEventBatch | ReadBatch | None = None
         self.got = trio.Event()
 
     def watching(self, worker: Worker) -> bool:
@@ -331,7 +334,7 @@ class _KeepingRecord:
     async def room(self) -> None:
         pass
 
-    def applied(self, worker: Worker, seq: int, batch: tskv.KVEventBatch) -> None:
+    def applied(self, worker: Worker, seq: int, batch: tskv.KVEventBatch | ReadBatch) -> None:
         self.batch = batch
         self.got.set()
 
@@ -434,9 +437,13 @@ class _NotingIndex(tskv.PrefixIndex):
     def __init__(self) -> None:
         super().__init__(16)
         self.applied: list[tuple[int, bool]] = []
+        self.read = 0  # batches the compiled core read (`read_batch`), not decoded
 
-    def apply(self, worker: Worker, batch: tskv.KVEventBatch | Iterable[tskv.KVEvent]) -> None:
-        assert isinstance(batch, tskv.KVEventBatch)
+    def apply(
+        self, worker: Worker, batch: tskv.KVEventBatch | ReadBatch | Iterable[tskv.KVEvent]
+    ) -> None:
+        assert isinstance(batch, (tskv.KVEventBatch, ReadBatch))
+        self.read += isinstance(batch, ReadBatch)
         self.applied.append((len(batch.events), worker in self.stale))
         super().apply(worker, batch)
 
@@ -468,6 +475,26 @@ async def test_a_snapshot_is_applied_a_part_at_a_time_and_is_stale_until_its_las
         assert index.applied == [(2, True)] + [(1, True)] * (parts - 1)
         assert index.stale == set() and len(index) == parts * PART_BLOCKS
         assert watcher.status("w").batches == 1  # one delivery, however many parts
+        assert index.read == (parts if compiled.core is not None else 0)
+
+
+async def test_plain_live_batches_are_filed_as_the_compiled_core_reads_them() -> None:
+    """A watcher's subscriber hands a plain batch to the compiled core, which keys its blocks
+    from the payload's bytes; the index ends as the worker's cache all the same."""
+    index = _NotingIndex()
+    sim, workload = Simulator(64, 16), Workload(0, 16)
+    async with tskv.open_publisher(CONFIG, 0) as publisher, tskv.open_watcher(index) as watcher:
+        watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
+        with trio.fail_after(20):
+            await publisher.wait_for_subscriber()
+            for _ in range(30):
+                events = run_round(sim, workload, 1)
+                if events:
+                    await publisher.publish(events)
+            await watcher.wait_for_seq("w", publisher.statistics().accepted - 1)
+        assert await watcher.engine_hashes("w") == sim.cached_hashes()
+    live = len(index.applied)
+    assert live >= 20 and index.read == (live if compiled.core is not None else 0)
 
 
 async def test_a_snapshot_part_that_does_not_decode_leaves_the_worker_stale(

@@ -22,12 +22,16 @@ What it holds:
     can hold (a tiered block's tuple, an orphan's None) in a dict beside them.
   pack_keys(keys): a reader's run of keys as 8-byte integers, as its report carries them
     (KeyTable.mirror reads them so).
+  read_plain(payload, size), read_run(run, size, blocks, root): a plain TokenSpeed-wire batch
+    read from its msgpack bytes, each stored block as the hash of its contents, and a run of
+    them keyed: a watcher's batches filed with no event object and no token id int made.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
+#include <math.h>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -1824,15 +1828,11 @@ key_in_run(PyObject *ids, PyObject *keys, PyObject *parent, int *error)
     return NULL;
 }
 
-/* Filing._first_key for an untiered event: a new reference (None for an orphan), or NULL. */
+/* The key of an untiered block `parent` (not None): held already, or stored earlier in the
+   run; a new reference (None for an orphan), or NULL. */
 static PyObject *
-first_key(PyObject *const *field, PyObject *blocks, PyObject *root_key, PyObject *ids,
-          PyObject *keys)
+parent_key(PyObject *parent, PyObject *blocks, PyObject *ids, PyObject *keys)
 {
-    PyObject *parent = field[PARENT];
-    if (parent == Py_None) {
-        return PyObject_CallFunctionObjArgs(root_key, field[LORA], field[SALT], NULL);
-    }
     PyObject *held = PyObject_GetItem(blocks, parent);
     if (held != NULL || !PyErr_ExceptionMatches(PyExc_KeyError)) {
         return held;
@@ -1843,12 +1843,25 @@ first_key(PyObject *const *field, PyObject *blocks, PyObject *root_key, PyObject
     return error ? NULL : Py_NewRef(earlier != NULL ? earlier : Py_None);
 }
 
-/* Append the keys of `count` blocks cut from `tokens` under `key` (None: all None). */
-static int
-append_keys(PyObject *keys, PyObject *key, PyObject **tokens, Py_ssize_t length,
-            Py_ssize_t count, Py_ssize_t size)
+/* Filing._first_key for an untiered event: a new reference (None for an orphan), or NULL. */
+static PyObject *
+first_key(PyObject *const *field, PyObject *blocks, PyObject *root_key, PyObject *ids,
+          PyObject *keys)
 {
-    Py_ssize_t whole = key == Py_None ? 0 : Py_MIN(count, length / size);
+    PyObject *parent = field[PARENT];
+    if (parent == Py_None) {
+        return PyObject_CallFunctionObjArgs(root_key, field[LORA], field[SALT], NULL);
+    }
+    return parent_key(parent, blocks, ids, keys);
+}
+
+/* Append the keys of `count` blocks under `key`, the first `whole` of them with the content
+   hashes at `contents` (8 bytes each, unaligned), the rest None (as all are for a None key). */
+static int
+append_contents(PyObject *keys, PyObject *key, const char *contents, Py_ssize_t whole,
+                Py_ssize_t count)
+{
+    whole = key == Py_None ? 0 : whole;
     Py_hash_t parent_hash = whole ? PyObject_Hash(key) : 0;
     if (parent_hash == -1) {
         return -1;
@@ -1860,10 +1873,11 @@ append_keys(PyObject *keys, PyObject *key, PyObject **tokens, Py_ssize_t length,
             }
             continue;
         }
-        Py_hash_t made;
-        if (next_key(&parent_hash, tokens + block * size, size, &made) < 0) {
-            return -1;
-        }
+        Py_hash_t content_hash;
+        memcpy(&content_hash, contents + block * (Py_ssize_t)sizeof content_hash,
+               sizeof content_hash);
+        Py_hash_t made = pair_hash(parent_hash, content_hash);
+        parent_hash = int_hash(made);
         PyObject *as_int = PyLong_FromSsize_t(made);
         if (as_int == NULL || PyList_Append(keys, as_int) < 0) {
             Py_XDECREF(as_int);
@@ -1872,6 +1886,29 @@ append_keys(PyObject *keys, PyObject *key, PyObject **tokens, Py_ssize_t length,
         Py_DECREF(as_int);
     }
     return 0;
+}
+
+/* Append the keys of `count` blocks cut from `tokens` under `key` (None: all None). */
+static int
+append_keys(PyObject *keys, PyObject *key, PyObject **tokens, Py_ssize_t length,
+            Py_ssize_t count, Py_ssize_t size)
+{
+    Py_ssize_t whole = key == Py_None ? 0 : Py_MIN(count, length / size);
+    Py_hash_t *contents = PyMem_Malloc(Py_MAX(whole, 1) * sizeof(Py_hash_t));
+    if (contents == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t block = 0; block < whole; block++) {
+        contents[block] = items_hash(tokens + block * size, size);
+        if (contents[block] == -1) {
+            PyMem_Free(contents);
+            return -1;
+        }
+    }
+    int done = append_contents(keys, key, (const char *)contents, whole, count);
+    PyMem_Free(contents);
+    return done;
 }
 
 /* plain_run(run, size, blocks, root_key): what filing.run_keys's loop makes of a run of stored
@@ -1981,6 +2018,433 @@ done:
     return made;
 }
 
+/* ---- read_plain: a TokenSpeed-wire batch of plain events, read and keyed from its bytes ----
+
+The watcher's subscribers hand every payload here first (tskv/core/read_batch.py). A batch of
+plain events on TokenSpeed's wire ([ts, [[tag, fields...], ...], rank], each BlockStored with
+exactly its four fields, each BlockRemoved with its hashes alone) is read straight from the
+bytes: each stored event's blocks become content hashes (the tuple hash of their token ids, as
+items_hash makes it) with no token id int and no event object made. Anything else, or anything
+the general decoder would refuse or read otherwise, is declined (None), and that decoder reads
+it: this reader accepts a subset of what codec.decode_batch accepts, never more. */
+
+enum { STEP_STORED, STEP_REMOVED, STEP_CLEARED, STEPS };
+static PyObject *STEP[STEPS]; /* each kind's int, made once (PyTuple_Pack: Py_BuildValue parses
+                                 its format every call, 600 instructions a tuple) */
+#define TOKEN_MIN (-((int64_t)1 << 31)) /* events.TOKEN_MIN */
+#define TOKEN_LIMIT ((int64_t)1 << 31)  /* events.TOKEN_LIMIT */
+
+/* Where the reading is; each reader below returns 0, or -1 when the bytes there are not what
+   a plain batch has (the batch is then declined: no exception is set). */
+typedef struct {
+    const unsigned char *at, *end;
+} Cursor;
+
+static inline int
+take(Cursor *c, Py_ssize_t n, const unsigned char **out)
+{
+    if (c->end - c->at < n) {
+        return -1;
+    }
+    *out = c->at;
+    c->at += n;
+    return 0;
+}
+
+static inline uint64_t
+big_endian(const unsigned char *p, int n)
+{
+    /* the widths msgpack uses, written out: compilers make each one load and a byte swap */
+    switch (n) {
+    case 1: return p[0];
+    case 2: return (uint64_t)p[0] << 8 | p[1];
+    case 4: return (uint64_t)p[0] << 24 | (uint64_t)p[1] << 16 | (uint64_t)p[2] << 8 | p[3];
+    default:
+        return (uint64_t)p[0] << 56 | (uint64_t)p[1] << 48 | (uint64_t)p[2] << 40 |
+               (uint64_t)p[3] << 32 | (uint64_t)p[4] << 24 | (uint64_t)p[5] << 16 |
+               (uint64_t)p[6] << 8 | p[7];
+    }
+}
+
+/* An int of any msgpack width into *value; past int64 (a uint64 hash), *wide is set and *value
+   holds its bits. */
+static inline int
+read_int(Cursor *c, int64_t *value, int *wide)
+{
+    const unsigned char *p;
+    *wide = 0;
+    if (take(c, 1, &p) < 0) {
+        return -1;
+    }
+    unsigned char head = p[0];
+    if (head <= 0x7f || head >= 0xe0) { /* fixints */
+        *value = (int8_t)head;
+        return 0;
+    }
+    if (head < 0xcc || head > 0xd3) {
+        return -1;
+    }
+    int width = 1 << ((head - 0xcc) & 3); /* 0xcc..0xcf unsigned, 0xd0..0xd3 signed */
+    if (take(c, width, &p) < 0) {
+        return -1;
+    }
+    uint64_t bits = big_endian(p, width);
+    if (head <= 0xcf) {
+        *value = (int64_t)bits;
+        *wide = bits > (uint64_t)INT64_MAX;
+        return 0;
+    }
+    switch (width) {
+    case 1: *value = (int8_t)bits; break;
+    case 2: *value = (int16_t)bits; break;
+    case 4: *value = (int32_t)bits; break;
+    default: *value = (int64_t)bits; break;
+    }
+    return 0;
+}
+
+static PyObject *
+int_object(int64_t value, int wide)
+{
+    return wide ? PyLong_FromUnsignedLongLong((uint64_t)value) : PyLong_FromLongLong(value);
+}
+
+/* An array's length; never more than the bytes left (each item takes one at least). */
+static int
+read_array(Cursor *c, Py_ssize_t *count)
+{
+    const unsigned char *p;
+    if (take(c, 1, &p) < 0) {
+        return -1;
+    }
+    if ((p[0] & 0xf0) == 0x90) {
+        *count = p[0] & 0x0f;
+    } else if (p[0] == 0xdc || p[0] == 0xdd) {
+        int width = p[0] == 0xdc ? 2 : 4;
+        if (take(c, width, &p) < 0) {
+            return -1;
+        }
+        *count = (Py_ssize_t)big_endian(p, width);
+    } else {
+        return -1;
+    }
+    return *count <= c->end - c->at ? 0 : -1;
+}
+
+/* A string's bytes, undecoded: an event's tag. */
+static int
+read_str(Cursor *c, const unsigned char **text, Py_ssize_t *length)
+{
+    const unsigned char *p;
+    if (take(c, 1, &p) < 0) {
+        return -1;
+    }
+    if ((p[0] & 0xe0) == 0xa0) {
+        *length = p[0] & 0x1f;
+    } else if (p[0] == 0xd9 || p[0] == 0xda || p[0] == 0xdb) {
+        int width = 1 << (p[0] - 0xd9);
+        if (take(c, width, &p) < 0) {
+            return -1;
+        }
+        *length = (Py_ssize_t)big_endian(p, width);
+    } else {
+        return -1;
+    }
+    return take(c, *length, text);
+}
+
+static inline int
+is_tag(const unsigned char *text, Py_ssize_t length, const char *tag)
+{
+    return length == (Py_ssize_t)strlen(tag) && memcmp(text, tag, (size_t)length) == 0;
+}
+
+static int
+read_nil(Cursor *c)
+{
+    if (c->at < c->end && *c->at == 0xc0) {
+        c->at++;
+        return 1;
+    }
+    return 0;
+}
+
+/* A number (float or int) into *out: the batch's ts. */
+static int
+read_number(Cursor *c, double *out)
+{
+    const unsigned char *p;
+    if (c->at < c->end && (*c->at == 0xca || *c->at == 0xcb)) {
+        int width = *c->at == 0xca ? 4 : 8;
+        c->at++;
+        if (take(c, width, &p) < 0) {
+            return -1;
+        }
+        uint64_t bits = big_endian(p, width);
+        if (width == 4) {
+            uint32_t narrow = (uint32_t)bits;
+            float single;
+            memcpy(&single, &narrow, sizeof single);
+            *out = single;
+        } else {
+            memcpy(out, &bits, sizeof *out);
+        }
+        return 0;
+    }
+    int64_t value;
+    int wide;
+    if (read_int(c, &value, &wide) < 0) {
+        return -1;
+    }
+    *out = wide ? (double)(uint64_t)value : (double)value;
+    return 0;
+}
+
+/* The read outcomes below: 1 read, 0 declined, -1 an exception set (no memory). */
+
+/* An array of hashes, as a new list of ints in *out. */
+static int
+read_hashes(Cursor *c, PyObject **out)
+{
+    Py_ssize_t count;
+    if (read_array(c, &count) < 0) {
+        return 0;
+    }
+    PyObject *hashes = PyList_New(count);
+    if (hashes == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t value;
+        int wide;
+        if (read_int(c, &value, &wide) < 0) {
+            Py_DECREF(hashes);
+            return 0;
+        }
+        PyObject *item = int_object(value, wide);
+        if (item == NULL) {
+            Py_DECREF(hashes);
+            return -1;
+        }
+        PyList_SET_ITEM(hashes, i, item);
+    }
+    *out = hashes;
+    return 1;
+}
+
+/* The token ids, every one checked to be an int the wire allows, as the content hashes of the
+   first min(count, length / size) blocks of `size` ids: a bytes of 8-byte hashes in *out. */
+static int
+read_contents(Cursor *c, Py_ssize_t count, Py_ssize_t size, PyObject **out)
+{
+    Py_ssize_t length;
+    if (read_array(c, &length) < 0) {
+        return 0;
+    }
+    Py_ssize_t whole = Py_MIN(count, length / size);
+    PyObject *contents = PyBytes_FromStringAndSize(NULL, whole * (Py_ssize_t)sizeof(Py_hash_t));
+    if (contents == NULL) {
+        return -1;
+    }
+    char *into = PyBytes_AS_STRING(contents);
+    Py_uhash_t acc = XXPRIME_5;
+    Py_ssize_t hashed = whole * size, in_block = 0; /* ids past `hashed` are only checked */
+    for (Py_ssize_t i = 0; i < length; i++) {
+        int64_t token;
+        int wide;
+        if (read_int(c, &token, &wide) < 0 || wide || token < TOKEN_MIN || token >= TOKEN_LIMIT) {
+            Py_DECREF(contents);
+            return 0;
+        }
+        if (i < hashed) { /* an int of 32 bits is its own hash, but -1's is -2: int_hash */
+            acc = tuple_round(acc, (Py_uhash_t)(token == -1 ? -2 : token));
+            if (++in_block == size) {
+                Py_hash_t content_hash = tuple_end(acc, size);
+                memcpy(into, &content_hash, sizeof content_hash);
+                into += sizeof content_hash;
+                acc = XXPRIME_5;
+                in_block = 0;
+            }
+        }
+    }
+    *out = contents;
+    return 1;
+}
+
+/* One event as a step: (STORED, hashes, parent, contents, block_size), (REMOVED, hashes) or
+   (CLEARED,). */
+static int
+read_event(Cursor *c, Py_ssize_t size, PyObject **out)
+{
+    Py_ssize_t fields, length;
+    const unsigned char *tag;
+    if (read_array(c, &fields) < 0 || fields < 1 || read_str(c, &tag, &length) < 0) {
+        return 0;
+    }
+    int stored = is_tag(tag, length, "BlockStored"), removed = is_tag(tag, length, "BlockRemoved");
+    if (is_tag(tag, length, "AllBlocksCleared") && fields == 1) {
+        *out = PyTuple_Pack(1, STEP[STEP_CLEARED]);
+        return *out == NULL ? -1 : 1;
+    }
+    PyObject *hashes = NULL, *parent = NULL, *contents = NULL, *block_size = NULL;
+    int got = (stored && fields == 5) || (removed && fields == 2) ? read_hashes(c, &hashes) : 0;
+    if (got == 1 && removed) {
+        *out = PyTuple_Pack(2, STEP[STEP_REMOVED], hashes);
+        Py_DECREF(hashes);
+        return *out == NULL ? -1 : 1;
+    }
+    int64_t value;
+    int wide;
+    if (got == 1) {
+        got = read_nil(c) ? 1 : read_int(c, &value, &wide) < 0 ? 0 : 2;
+        parent = got == 2 ? int_object(value, wide) : got == 1 ? Py_NewRef(Py_None) : NULL;
+        got = got == 0 ? 0 : parent == NULL ? -1 : 1;
+    }
+    if (got == 1) {
+        got = read_contents(c, PyList_GET_SIZE(hashes), size, &contents);
+    }
+    if (got == 1) {
+        got = read_int(c, &value, &wide) < 0 || wide || value < 1 ? 0 : 1;
+        block_size = got == 1 ? PyLong_FromLongLong(value) : NULL;
+        got = got == 1 && block_size == NULL ? -1 : got;
+    }
+    if (got == 1) {
+        *out = PyTuple_Pack(5, STEP[STEP_STORED], hashes, parent, contents, block_size);
+        got = *out == NULL ? -1 : 1;
+    }
+    Py_XDECREF(hashes);
+    Py_XDECREF(parent);
+    Py_XDECREF(contents);
+    Py_XDECREF(block_size);
+    return got;
+}
+
+/* [ts, events, rank?] into (ts, rank, steps). */
+static int
+read_batch(Cursor *c, Py_ssize_t size, PyObject **out)
+{
+    Py_ssize_t fields, events;
+    double ts;
+    if (read_array(c, &fields) < 0 || (fields != 2 && fields != 3) ||
+        read_number(c, &ts) < 0 || !isfinite(ts) || read_array(c, &events) < 0) {
+        return 0;
+    }
+    PyObject *steps = PyList_New(events), *rank = NULL;
+    if (steps == NULL) {
+        return -1;
+    }
+    int got = 1;
+    for (Py_ssize_t n = 0; got == 1 && n < events; n++) {
+        PyObject *step = NULL;
+        got = read_event(c, size, &step);
+        if (got == 1) {
+            PyList_SET_ITEM(steps, n, step);
+        }
+    }
+    if (got == 1 && fields == 3 && !read_nil(c)) {
+        int64_t value;
+        int wide;
+        got = read_int(c, &value, &wide) < 0 || (!wide && value < 0) ? 0 : 1;
+        rank = got == 1 ? int_object(value, wide) : NULL;
+        got = got == 1 && rank == NULL ? -1 : got;
+    }
+    if (got == 1 && c->at != c->end) {
+        got = 0; /* bytes after the batch: the decoders refuse them */
+    }
+    if (got == 1) {
+        *out = Py_BuildValue("(dOO)", ts, rank != NULL ? rank : Py_None, steps);
+        got = *out == NULL ? -1 : 1;
+    }
+    Py_XDECREF(rank);
+    Py_DECREF(steps);
+    return got;
+}
+
+/* read_plain(payload, size) -> (ts, rank, steps) | None: see the section's comment; `size`
+   is the index's block size, which cuts the token ids into blocks. */
+static PyObject *
+read_plain(PyObject *module, PyObject *args)
+{
+    PyObject *payload;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "On:read_plain", &payload, &size)) {
+        return NULL;
+    }
+    if (size <= 0) {
+        PyErr_Format(PyExc_ValueError, "read_plain: size = %zd must be at least 1", size);
+        return NULL;
+    }
+    Py_buffer bytes;
+    if (PyObject_GetBuffer(payload, &bytes, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* not bytes: the general decoder says so */
+        Py_RETURN_NONE;
+    }
+    Cursor cursor = {bytes.buf, (const unsigned char *)bytes.buf + bytes.len};
+    PyObject *made = NULL;
+    int got = read_batch(&cursor, size, &made);
+    PyBuffer_Release(&bytes);
+    if (got < 0) {
+        return NULL;
+    }
+    return got == 1 ? made : Py_NewRef(Py_None);
+}
+
+/* read_run(run, size, blocks, root) -> (ids, keys, mismatched): plain_run for a run of
+   read_plain's stored steps, each block keyed from its content hash; `root` is the key an
+   event with no parent hangs from (read_plain's events name no LoRA and no salt). */
+static PyObject *
+read_run(PyObject *module, PyObject *args)
+{
+    PyObject *run, *blocks, *root;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "O!nOO:read_run", &PyList_Type, &run, &size, &blocks, &root)) {
+        return NULL;
+    }
+    PyObject *ids = PyList_New(0), *keys = PyList_New(0), *key = NULL, *made = NULL;
+    Py_ssize_t mismatched = 0;
+    if (ids == NULL || keys == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t n = 0; n < PyList_GET_SIZE(run); n++) {
+        PyObject *step = PyList_GET_ITEM(run, n);
+        if (!PyTuple_Check(step) || PyTuple_GET_SIZE(step) != 5 ||
+            !PyList_Check(PyTuple_GET_ITEM(step, 1)) || !PyBytes_Check(PyTuple_GET_ITEM(step, 3))) {
+            PyErr_SetString(PyExc_TypeError, "read_run takes read_plain's stored steps");
+            goto done;
+        }
+        PyObject *hashes = PyTuple_GET_ITEM(step, 1), *parent = PyTuple_GET_ITEM(step, 2);
+        PyObject *contents = PyTuple_GET_ITEM(step, 3);
+        Py_ssize_t block_size = PyLong_AsSsize_t(PyTuple_GET_ITEM(step, 4));
+        if (block_size == -1 && PyErr_Occurred()) {
+            PyErr_Clear(); /* past Py_ssize_t: not the index's size either */
+        }
+        mismatched += block_size != size;
+        Py_ssize_t stored = PyList_GET_SIZE(ids);
+        int follows = 0;
+        if (parent != Py_None && stored) {
+            follows = PyObject_RichCompareBool(PyList_GET_ITEM(ids, stored - 1), parent, Py_EQ);
+            if (follows < 0) {
+                goto done;
+            }
+        }
+        Py_XSETREF(key, follows             ? Py_NewRef(PyList_GET_ITEM(keys, stored - 1))
+                        : parent == Py_None ? Py_NewRef(root)
+                                            : parent_key(parent, blocks, ids, keys));
+        Py_ssize_t whole = PyBytes_GET_SIZE(contents) / (Py_ssize_t)sizeof(Py_hash_t);
+        if (key == NULL || append_contents(keys, key, PyBytes_AS_STRING(contents), whole,
+                                           PyList_GET_SIZE(hashes)) < 0 ||
+            PyList_SetSlice(ids, stored, stored, hashes) < 0) {
+            goto done;
+        }
+    }
+    made = Py_BuildValue("(OOn)", ids, keys, mismatched);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(ids);
+    Py_XDECREF(keys);
+    return made;
+}
+
 /* pack_keys(keys) -> bytes: array("q", keys).tobytes(), a reader's runs of keys as its report
    carries them (reader_messages), without array's generic per-item conversion. */
 static PyObject *
@@ -2023,6 +2487,10 @@ static PyMethodDef methods[] = {
      "walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks): a match's walk."},
     {"plain_run", plain_run, METH_VARARGS,
      "plain_run(run, size, blocks, root_key) -> (ids, keys, mismatched) | None: filing's keys."},
+    {"read_plain", read_plain, METH_VARARGS,
+     "read_plain(payload, size) -> (ts, rank, steps) | None: a plain batch, read and hashed."},
+    {"read_run", read_run, METH_VARARGS,
+     "read_run(run, size, blocks, root) -> (ids, keys, mismatched): read steps' keys."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2040,6 +2508,11 @@ PyInit__compiled(void)
     }
     for (int f = 0; f < NAMES; f++) {
         if (NAME[f] == NULL && (NAME[f] = PyUnicode_InternFromString(NAME_TEXT[f])) == NULL) {
+            return NULL;
+        }
+    }
+    for (int kind = 0; kind < STEPS; kind++) {
+        if (STEP[kind] == NULL && (STEP[kind] = PyLong_FromLong(kind)) == NULL) {
             return NULL;
         }
     }

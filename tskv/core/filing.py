@@ -27,9 +27,11 @@ from tskv.core.events import (
 from tskv.core.groups import FULL_KINDS, group_of
 from tskv.core.holdings import ABSENT, Holdings, Stored, Worker, WorkerBlocks, note_run
 from tskv.core.hybrid import HybridView, is_device, plain_tiers, stored_again
-from tskv.core.tiers import BlockId, BlockKeys, Tier, block_id, block_ids, tier_of
+from tskv.core.read_batch import CLEARED, REMOVED, ReadBatch, runs_of
+from tskv.core.tiers import UNTIERED, BlockId, BlockKeys, Tier, block_id, block_ids, tier_of
 
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
+ROOT = root_key(None)  # what an event naming no LoRA and no salt hangs from: a read event's
 
 
 @attrs.frozen
@@ -92,6 +94,41 @@ class Filing:
         strings = self.store_run(view, stored) or strings
         return Filed(cleared, strings, view.lookahead)
 
+    def apply_read(self, worker: Worker, batch: ReadBatch) -> Filed:
+        """File a batch the compiled core read (`read_batch`) as `apply` files its events: a
+        plain worker's runs keyed from their blocks' content hashes, with no event made. What
+        the steps cannot file alone (a view that is tiered or hybrid, a run not wholly new to
+        the worker) goes through `apply`, from that event on."""
+        view, core = self.holdings.view(worker), compiled.core
+        assert core is not None  # a ReadBatch is made only where it is
+        if view.hybrid is not None or (view.tier is not None and view.tier != UNTIERED):
+            return self.apply(worker, batch.events)
+        cleared = False
+        for start, kind, steps in runs_of(batch.steps):
+            if kind == REMOVED:
+                self.remove_ids(view, steps[0][1])
+            elif kind == CLEARED:
+                self.holdings.clear(view)
+                cleared = True
+            else:
+                view.tier = UNTIERED  # as `needs_hybrid` notes a plain worker's first store
+                size = self.holdings.block_size
+                ids, keys, mismatched = core.read_run(steps, size, view.blocks, ROOT)
+                if not add_new(view.blocks, ids, keys):  # nothing changed: filed from events
+                    rest = self.apply(worker, batch.events[start:])
+                    return Filed(cleared or rest.cleared, rest.strings, rest.lookahead)
+                self._hold_new(view, keys, mismatched)
+        return Filed(cleared, False, view.lookahead)
+
+    def _hold_new(self, view: WorkerBlocks, keys: list[int | None], mismatched: int) -> None:
+        """The worker holds a run's keys, its blocks stored in its view already."""
+        orphans = keys.count(None)
+        self.orphans += orphans
+        self.mismatched += mismatched
+        held = [key for key in keys if key is not None] if orphans else keys
+        if held:  # else nothing to note: a run of orphans
+            self.holdings.hold(view, cast("list[int]", held))
+
     def store_run(self, view: WorkerBlocks, run: list[Stored]) -> bool:
         """Store consecutive BlockStored events, and empty `run`; whether a token id was a
         string. The usual run (every block new to the worker, each once) costs a few dict
@@ -104,11 +141,7 @@ class Filing:
             return strings
         ids, keys, mismatched, strings = run_keys(run, view.blocks, self.holdings.block_size)
         if add_new(view.blocks, ids, keys):
-            orphans = keys.count(None)
-            self.orphans += orphans
-            self.mismatched += mismatched
-            held = [key for key in keys if key is not None] if orphans else keys
-            self.holdings.hold(view, cast("list[int]", held))
+            self._hold_new(view, keys, mismatched)
             run.clear()
             return strings
         for stored, found in run:
@@ -228,7 +261,11 @@ class Filing:
         if view.hybrid is not None:
             self.holdings.release(view, view.hybrid.remove(event, view.blocks))
             return
-        blocks, ids = view.blocks, block_ids(tier_of(event), event.block_hashes)
+        self.remove_ids(view, block_ids(tier_of(event), event.block_hashes))
+
+    def remove_ids(self, view: WorkerBlocks, ids: Sequence[BlockId]) -> None:
+        """Let go of a plain worker's blocks `ids`."""
+        blocks = view.blocks
         if not view.copies:
             if isinstance(blocks, dict):
                 self.holdings.release(view, [blocks.pop(each, ABSENT) for each in ids])

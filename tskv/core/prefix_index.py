@@ -43,6 +43,7 @@ from tskv.core.holdings import HolderMap, Holdings
 from tskv.core.holdings import Worker as Worker  # the index's users name it from here
 from tskv.core.hybrid import Op
 from tskv.core.predictions import MAX_ENTRIES, Predictions
+from tskv.core.read_batch import ReadBatch
 from tskv.core.worker_view import Changes, ViewChange, WorkerView
 
 MAX_PREDICTED = MAX_ENTRIES
@@ -294,12 +295,15 @@ class PrefixIndex:
 
     # -- the stream's side ------------------------------------------------------------------
 
-    def apply(self, worker: Worker, batch: KVEventBatch | Iterable[KVEvent]) -> None:
+    def apply(self, worker: Worker, batch: KVEventBatch | ReadBatch | Iterable[KVEvent]) -> None:
         """Apply one batch of `worker`'s events, in order. An AllBlocksCleared makes the
         worker's view whole again (from there on the index knows its whole cache), unless a
         snapshot is being applied (`worker_view`)."""
-        events = batch.events if isinstance(batch, KVEventBatch) else batch
-        filed = self._filing.apply(worker, events)
+        if isinstance(batch, ReadBatch):  # a watcher's: the compiled core read it
+            filed = self._filing.apply_read(worker, batch)
+        else:
+            events = batch.events if isinstance(batch, KVEventBatch) else batch
+            filed = self._filing.apply(worker, events)
         self._strings = self._strings or filed.strings
         if filed.lookahead:
             self._lookaheads.add(filed.lookahead)

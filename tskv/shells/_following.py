@@ -17,7 +17,8 @@ from tskv.core.backoff import Backoff
 from tskv.core.config import SubscriberConfig
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss
-from tskv.core.prefix_index import Worker
+from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.read_batch import ReadBatch, reader
 from tskv.shells._live_pump import LivePump
 from tskv.shells._snapshot_parts import SnapshotParts
 from tskv.shells.subscriber import subscribe
@@ -60,12 +61,14 @@ class Bootstraps:
 class Record(Protocol):
     """Where a followed worker's news goes."""
 
+    index: PrefixIndex  # what its batches are filed in
+
     def watching(self, worker: Worker) -> bool: ...
 
     async def room(self) -> None:
         """Return when the record can take another batch (a reader's outbox may be full)."""
 
-    def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None: ...
+    def applied(self, worker: Worker, seq: int, batch: KVEventBatch | ReadBatch) -> None: ...
 
     async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
         """Apply a snapshot part by part as `snapshot` decodes them."""
@@ -95,6 +98,7 @@ async def follow(
 ) -> None:
     """Follow `worker` until cancelled, or until a failure finds it no longer watched."""
     backoff = Backoff(*RETRY_BACKOFF)
+    read = reader(record.index.block_size)  # plain batches filed without making their events
     while True:
         turn = object()
 
@@ -115,7 +119,7 @@ async def follow(
                 await bootstraps.take(turn, 2 * config.replay_timeout)
             async with subscribe(
                 endpoint, replay_endpoint, config, on_loss=lost, on_silence=silence,
-                on_synced=synced, context=context, pump=pump,
+                on_synced=synced, context=context, pump=pump, read=read,
             ) as sub:  # fmt: skip
                 while (delivery := await sub._next_delivery()) is not None:
                     bootstraps.done(turn)

@@ -17,6 +17,7 @@ import attrs
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.read_batch import ReadBatch
 from tskv.core.worker_view import Changes, WorkerFigures, WorkerView
 from tskv.shells._snapshot_parts import SnapshotParts
 from tskv.shells._watched import Roster, Watched, log_failure
@@ -81,7 +82,7 @@ class IndexRecord:
         if self._listener is not None:
             self._listener.noted(worker, watched.figures, batch=batch, loss=loss, failure=failure)
 
-    def applied(self, worker: Worker, seq: int, batch: KVEventBatch) -> None:
+    def applied(self, worker: Worker, seq: int, batch: KVEventBatch | ReadBatch) -> None:
         watched = self._roster.get(worker)
         if watched is None:
             return  # removed while this batch was on its way

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tskv.core.codec import WireError, decode_batch
 from tskv.core.events import KVEvent, KVEventBatch
+from tskv.core.read_batch import ReadBatch, Reader
 from tskv.shells._background import Pacer
 
 
@@ -29,8 +30,10 @@ class SnapshotParts:
         pacer: Pacer,
         failed: Callable[[WireError], None],
         completed: Callable[[], None],
+        read: Reader = decode_batch,  # the subscriber's
     ) -> None:
         self._payloads = payloads
+        self._read = read
         self._pacer = pacer
         self._failed = failed
         self._completed = completed
@@ -44,13 +47,13 @@ class SnapshotParts:
     def __aiter__(self) -> SnapshotParts:
         return self
 
-    async def __anext__(self) -> KVEventBatch:
+    async def __anext__(self) -> KVEventBatch | ReadBatch:
         if self._broken or self.complete:
             raise StopAsyncIteration
         if self._taken and self._pacer.due():
             await self._pacer.yield_now()
         try:
-            part = decode_batch(self._payloads[self._taken])
+            part = self._read(self._payloads[self._taken])
         except WireError as exc:
             self._broken = True
             self._failed(exc)
@@ -64,7 +67,7 @@ class SnapshotParts:
         """Every part as one batch (it clears, then stores every cached block); None if a
         part did not decode."""
         events: list[KVEvent] = []
-        first: KVEventBatch | None = None
+        first: KVEventBatch | ReadBatch | None = None
         async for part in self:
             if first is None:
                 first = part

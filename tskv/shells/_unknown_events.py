@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from tskv.core.events import KVEventBatch, UnknownEvent
+from tskv.core.read_batch import ReadBatch
 
 logger = logging.getLogger("tskv.shells.subscriber")
 
@@ -17,7 +18,7 @@ class UnknownEvents:
         self.count = 0
         self._types: set[str] = set()
 
-    def note(self, seq: int, batch: KVEventBatch) -> None:
+    def note(self, seq: int, batch: KVEventBatch | ReadBatch) -> None:
         """Count a batch's unknown events, and name each new type once in the log."""
         for event in batch.events:
             if not isinstance(event, UnknownEvent):

@@ -37,6 +37,7 @@ from tskv.core.endpoints import check_endpoint, should_bind
 from tskv.core.errors import HandshakeError
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss, LossCounts, LossReason
+from tskv.core.read_batch import ReadBatch, Reader
 from tskv.core.sequencer import MAX_HELD, Sequencer
 from tskv.curve.security import ClientSecurity
 from tskv.shells._background import Pacer, background_tasks
@@ -93,6 +94,9 @@ class SubscriberStatistics:
     silent: bool  # the publisher is silent right now: its view is not to be trusted
 
 
+Delivery = tuple[int, KVEventBatch | ReadBatch | SnapshotParts]  # a seq, and what came with it
+
+
 @final
 class Subscriber(metaclass=NoPublicConstructor):
     """What `open_subscriber` yields (and only it makes one): iterate it for `(seq, batch)`."""
@@ -109,6 +113,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         replay: ReplayClient | None,
         on_silence: Callable[[bool], object] | None = None,
         on_synced: Callable[[], object] | None = None,
+        read: Reader = decode_batch,
     ) -> None:
         self.config = config  # the settings it runs with
         self.endpoint = endpoint  # as really bound, when the subscriber binds
@@ -133,6 +138,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._probes = 0
         self._silences = 0
         self._pacer = Pacer()
+        self._read = read  # a watcher's reads plain batches without making their events
 
     def statistics(self) -> SubscriberStatistics:
         return SubscriberStatistics(
@@ -168,13 +174,15 @@ class Subscriber(metaclass=NoPublicConstructor):
             if delivery is None:
                 raise StopAsyncIteration
             seq, batch = delivery
+            if isinstance(batch, ReadBatch):  # never: only a watcher's subscribers read so
+                batch = KVEventBatch(batch.ts, batch.events, batch.attn_dp_rank)
             if not isinstance(batch, SnapshotParts):
                 return seq, batch
             whole = await batch.whole()
             if whole is not None:  # else a part did not decode, and the loss is reported
                 return seq, whole
 
-    async def _next_delivery(self) -> tuple[int, KVEventBatch | SnapshotParts] | None:
+    async def _next_delivery(self) -> Delivery | None:
         """The next batch, or a snapshot as its parts, to decode one at a time (for the
         watcher's followers, which apply each before the next); None at the end. Otherwise as
         `__anext__`."""
@@ -198,7 +206,7 @@ class Subscriber(metaclass=NoPublicConstructor):
                 # of lists alive for the garbage collector to walk again and again.
                 unknown = SEEN.unknown_events
                 try:
-                    batch = decode_batch(item.payload)
+                    batch = self._read(item.payload)
                 except WireError as exc:
                     self._undecodable += 1
                     self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
@@ -240,7 +248,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             self._snapshots += 1
             self._delivered += 1
 
-        return SnapshotParts(item.payloads, self._pacer, failed, completed)
+        return SnapshotParts(item.payloads, self._pacer, failed, completed, self._read)
 
     def _take_live(self, message: list[bytes]) -> list[Action]:
         self._received += 1
@@ -432,11 +440,13 @@ async def subscribe(
     on_synced: Callable[[], object] | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     pump: LivePump | None = None,
+    read: Reader = decode_batch,
 ) -> AsyncIterator[Subscriber]:
     """`open_subscriber` with its settings already made into a `SubscriberConfig` (the
     watcher gives every worker's subscriber one). `on_synced()` is called when the stream,
     read from its start, turns out to hold nothing (the publisher's cache is empty). With a
-    `pump` (a watcher's), the SUB socket is read there with the other workers' sockets."""
+    `pump` (a watcher's), the SUB socket is read there with the other workers' sockets;
+    `read` decodes its payloads (a watcher's: `read_batch.reader`)."""
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
@@ -461,7 +471,7 @@ async def subscribe(
             replay = _replay_client(context, replay_endpoint, config, inbox_send, security)
         subscriber = Subscriber._create(
             config, sequencer, feed or inbox_receive, requests_send, on_loss, address, [monitor],
-            replay, on_silence, on_synced,
+            replay, on_silence, on_synced, read,
         )  # fmt: skip
         subscriber._apply(first_actions)
         async with background_tasks() as nursery:
