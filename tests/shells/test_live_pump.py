@@ -12,7 +12,7 @@ import zmq
 
 from tests.zmq_helpers import inproc_name
 from tskv.shells._inbox import Inbound, Live
-from tskv.shells._live_pump import PUMP_AVAILABLE, Clock, Feed, LivePump
+from tskv.shells._live_pump import GATHER, PUMP_AVAILABLE, Clock, Feed, LivePump
 from tskv.shells._trio_zmq import TrioSocket
 
 pytestmark = pytest.mark.skipif(not PUMP_AVAILABLE, reason="the pump needs select.epoll")
@@ -137,4 +137,37 @@ async def test_a_socket_that_fails_ends_its_own_subscriber_with_the_error() -> N
         with trio.fail_after(10):
             await collect(good, 1, got)
         assert got == [b"still"] and good.failure is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_while_messages_keep_coming_a_pass_is_made_every_gather_not_every_message(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Workers publishing one after another woke the pump once a message, at the cost of a
+    wakeup each; once a pass finds messages, the next is made GATHER later, whatever came
+    meanwhile, and once one finds nothing the pump waits on the sockets again. (Trio's clock
+    stands still here unless the test moves it; the sockets are real.)"""
+    pump = LivePump()
+    async with pairs(8) as sockets, trio.open_nursery() as nursery:
+        for _, receiving in sockets:
+            pump.add(receiving, trio.open_memory_channel[Inbound](64), Clock())
+        nursery.start_soon(pump.run)
+        await trio.testing.wait_all_tasks_blocked()
+        wakeups = pump.wakeups
+        sockets[0][0].send(b"first")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (pump.messages, pump.wakeups) == (1, wakeups + 1)  # woken by the socket
+        for index in range(40):
+            sockets[index % 8][0].send(b"%d" % index)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pump.messages == 1  # gathering: no pass until GATHER has passed
+        mock_clock.jump(GATHER)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (pump.messages, pump.wakeups) == (41, wakeups + 2)  # all of them in one pass
+        mock_clock.jump(GATHER)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pump.wakeups == wakeups + 3  # a pass that found nothing: back to the sockets
+        sockets[5][0].send(b"later")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (pump.messages, pump.wakeups) == (42, wakeups + 4)  # at once, the clock still
         nursery.cancel_scope.cancel()

@@ -7,6 +7,11 @@ drains every socket it names, so messages that arrive together (workers publishi
 reader that fell behind) are taken together: on loopback with 32 workers in step, 61 µs of CPU
 a message with a task per socket, 27 with one pass.
 
+Messages that come one after another (workers publishing in turn, each a wakeup of its own: 40 µs
+of CPU a message in Trio here) are gathered: once a pass finds messages, the next is made
+GATHER later, whatever signalled meanwhile, and once a pass finds nothing the pump waits on the
+sockets again. A message waits at most GATHER for its pass; a quiet stream's is taken at once.
+
 Each socket's messages go to its subscriber's inbox as one `Live` item, never waiting: when
 the inbox is full, they are kept aside and the socket is taken out of the set (its fd would
 otherwise signal on every pass) until the subscriber takes an item from its `Feed`. Linux only
@@ -25,6 +30,7 @@ from tskv.shells._inbox import Inbound, Live
 from tskv.shells._trio_zmq import TrioSocket
 
 LIVE_BURST = 64  # live messages taken off one socket in one go
+GATHER = 0.002  # seconds between passes while messages keep coming
 PUMP_AVAILABLE = hasattr(select, "epoll")
 
 
@@ -139,21 +145,27 @@ class LivePump:
 
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
     async def run(self) -> None:
+        gathering = False
         try:
             while True:
                 if self._again:
                     await trio.lowlevel.checkpoint()  # the subscribers run between passes
                 else:
                     with trio.CancelScope() as self._waiting:
-                        await trio.lowlevel.wait_readable(self._poller.fileno())
+                        if gathering:
+                            await trio.sleep(GATHER)
+                        else:
+                            await trio.lowlevel.wait_readable(self._poller.fileno())
                     self._waiting = None
                 self.wakeups += 1
                 ready, self._again = self._again, {}
                 for fd, _ in self._poller.poll(0):
                     ready[self._feeds[fd]] = None
+                before = self.messages
                 for feed in ready:
                     if self._feeds.get(feed.fd) is feed:  # not removed meanwhile
                         self._pass(feed)
+                gathering = self.messages > before
         finally:
             self._poller.close()
 
