@@ -1843,14 +1843,18 @@ parent_key(PyObject *parent, PyObject *blocks, PyObject *ids, PyObject *keys)
     return error ? NULL : Py_NewRef(earlier != NULL ? earlier : Py_None);
 }
 
-/* Filing._first_key for an untiered event: a new reference (None for an orphan), or NULL. */
+/* The key a run's next untiered event hangs from, its parent being `parent` (not None): the
+   run's last key if the event before ends where it starts, else its parent's (parent_key).
+   A new reference (None for an orphan), or NULL. */
 static PyObject *
-first_key(PyObject *const *field, PyObject *blocks, PyObject *root_key, PyObject *ids,
-          PyObject *keys)
+run_key(PyObject *parent, PyObject *blocks, PyObject *ids, PyObject *keys)
 {
-    PyObject *parent = field[PARENT];
-    if (parent == Py_None) {
-        return PyObject_CallFunctionObjArgs(root_key, field[LORA], field[SALT], NULL);
+    Py_ssize_t stored = PyList_GET_SIZE(ids);
+    if (stored) {
+        int follows = PyObject_RichCompareBool(PyList_GET_ITEM(ids, stored - 1), parent, Py_EQ);
+        if (follows != 0) {
+            return follows < 0 ? NULL : Py_NewRef(PyList_GET_ITEM(keys, stored - 1));
+        }
     }
     return parent_key(parent, blocks, ids, keys);
 }
@@ -1979,18 +1983,9 @@ plain_run(PyObject *module, PyObject *args)
             goto done;
         }
         mismatched += other;
-        /* the event before ends where this one starts: its key is the last one */
-        Py_ssize_t stored = PyList_GET_SIZE(ids);
-        int follows = 0;
-        if (field[PARENT] != Py_None && stored) {
-            follows = PyObject_RichCompareBool(PyList_GET_ITEM(ids, stored - 1), field[PARENT],
-                                               Py_EQ);
-            if (follows < 0) {
-                goto done;
-            }
-        }
-        Py_XSETREF(key, follows ? Py_NewRef(PyList_GET_ITEM(keys, stored - 1))
-                                : first_key(field, blocks, root_key, ids, keys));
+        Py_XSETREF(key, field[PARENT] == Py_None
+                            ? PyObject_CallFunctionObjArgs(root_key, field[LORA], field[SALT], NULL)
+                            : run_key(field[PARENT], blocks, ids, keys));
         if (key == NULL ||
             append_keys(keys, key, items, length, PySequence_Fast_GET_SIZE(hashes), size) < 0) {
             goto done;
@@ -2419,18 +2414,9 @@ read_run(PyObject *module, PyObject *args)
             PyErr_Clear(); /* past Py_ssize_t: not the index's size either */
         }
         mismatched += block_size != size;
-        Py_ssize_t stored = PyList_GET_SIZE(ids);
-        int follows = 0;
-        if (parent != Py_None && stored) {
-            follows = PyObject_RichCompareBool(PyList_GET_ITEM(ids, stored - 1), parent, Py_EQ);
-            if (follows < 0) {
-                goto done;
-            }
-        }
-        Py_XSETREF(key, follows             ? Py_NewRef(PyList_GET_ITEM(keys, stored - 1))
-                        : parent == Py_None ? Py_NewRef(root)
-                                            : parent_key(parent, blocks, ids, keys));
+        Py_XSETREF(key, parent == Py_None ? Py_NewRef(root) : run_key(parent, blocks, ids, keys));
         Py_ssize_t whole = PyBytes_GET_SIZE(contents) / (Py_ssize_t)sizeof(Py_hash_t);
+        Py_ssize_t stored = PyList_GET_SIZE(ids);
         if (key == NULL || append_contents(keys, key, PyBytes_AS_STRING(contents), whole,
                                            PyList_GET_SIZE(hashes)) < 0 ||
             PyList_SetSlice(ids, stored, stored, hashes) < 0) {
