@@ -41,8 +41,9 @@ class Clock:
         self.heard = trio.current_time()
 
     def take(self, sub: TrioSocket) -> list[list[bytes]]:
-        """What waits on `sub` (at most a burst, perhaps nothing), noting when it came."""
-        messages = sub.receive_waiting(LIVE_BURST)
+        """What waits on `sub` (at most a burst, perhaps nothing), noting when it came; asked
+        when its fd or EVENTS just signalled."""
+        messages = sub.receive_waiting(LIVE_BURST, signalled=True)
         if messages:
             self.heard = trio.current_time()
         return messages

@@ -90,24 +90,37 @@ class TrioSocket:
         except zmq.Again:
             raise trio.WouldBlock from None
 
-    def receive_waiting(self, limit: int) -> list[list[bytes]]:
+    def receive_waiting(self, limit: int, *, signalled: bool = False) -> list[list[bytes]]:
         """The messages waiting now, at most `limit`, perhaps none. Asks EVENTS before each
-        receive instead of letting the last one fail: pyzmq's zmq.Again costs three times as
-        much as reading EVENTS, and a subscriber at a worker's pace takes one message a wake-up.
-        Each frame is taken as a zmq.Frame, whose `more` says whether another follows:
-        `recv_multipart` asks RCVMORE of the socket after each, 1.3 µs a message more here.
+        receive instead of letting the last one fail: pyzmq's zmq.Again costs twice as much
+        as reading EVENTS, and a subscriber at a worker's pace takes one message a wake-up.
+        `signalled`: the socket just said a message came (its fd, or EVENTS), which nearly
+        always holds (in the fleet bench 32 of 15,700 passes found none), so the first receive
+        is tried without asking; one that fails asks EVENTS all the same, which the fd needs to
+        signal again. Each frame is taken as a zmq.Frame, whose `more` says whether another
+        follows: `recv_multipart` asks RCVMORE after each, 1.3 µs a message more here.
         """
         self._check_open()
         sock = self.sock
         taken: list[list[bytes]] = []
+        if signalled:
+            try:
+                first: zmq.Frame | None = sock.recv(_LAST, copy=False)
+            except zmq.Again:
+                first = None
+            if first is not None:
+                taken.append(self._rest(first))
         while len(taken) < limit and cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN:
-            frame = sock.recv(_LAST, copy=False)
-            message = [frame.bytes]
-            while frame.more:
-                frame = sock.recv(_LAST, copy=False)
-                message.append(frame.bytes)
-            taken.append(message)
+            taken.append(self._rest(sock.recv(_LAST, copy=False)))
         return taken
+
+    def _rest(self, frame: zmq.Frame) -> list[bytes]:
+        """The message `frame` begins, whole."""
+        message = [frame.bytes]
+        while frame.more:
+            frame = self.sock.recv(_LAST, copy=False)
+            message.append(frame.bytes)
+        return message
 
     def receive_frames_nowait(self) -> list[zmq.Frame]:
         """Like receive_nowait, as zmq.Frame objects: they carry the message's properties."""
