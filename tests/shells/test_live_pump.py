@@ -144,30 +144,53 @@ async def test_while_messages_keep_coming_a_pass_is_made_every_gather_not_every_
     mock_clock: trio.testing.MockClock,
 ) -> None:
     """Workers publishing one after another woke the pump once a message, at the cost of a
-    wakeup each; once a pass finds messages, the next is made GATHER later, whatever came
-    meanwhile, and once one finds nothing the pump waits on the sockets again. (Trio's clock
-    stands still here unless the test moves it; the sockets are real.)"""
+    wakeup each; once messages come less than GATHER apart, the next pass is made GATHER
+    later, whatever came meanwhile, and once one finds nothing the pump waits on the sockets
+    again. (Trio's clock stands still here unless the test moves it; the sockets are real.)"""
     pump = LivePump()
     async with pairs(8) as sockets, trio.open_nursery() as nursery:
         for _, receiving in sockets:
             pump.add(receiving, trio.open_memory_channel[Inbound](64), Clock())
         nursery.start_soon(pump.run)
         await trio.testing.wait_all_tasks_blocked()
-        wakeups = pump.wakeups
-        sockets[0][0].send(b"first")
-        await trio.testing.wait_all_tasks_blocked()
-        assert (pump.messages, pump.wakeups) == (1, wakeups + 1)  # woken by the socket
+        for index in range(2):  # close together (the clock stands still): gathering begins
+            wakeups = pump.wakeups
+            sockets[index][0].send(b"first")
+            await trio.testing.wait_all_tasks_blocked()
+            assert (pump.messages, pump.wakeups) == (index + 1, wakeups + 1)  # woken by it
         for index in range(40):
             sockets[index % 8][0].send(b"%d" % index)
         await trio.testing.wait_all_tasks_blocked()
-        assert pump.messages == 1  # gathering: no pass until GATHER has passed
+        assert pump.messages == 2  # gathering: no pass until GATHER has passed
         mock_clock.jump(GATHER)
         await trio.testing.wait_all_tasks_blocked()
-        assert (pump.messages, pump.wakeups) == (41, wakeups + 2)  # all of them in one pass
+        assert (pump.messages, pump.wakeups) == (42, wakeups + 2)  # all of them in one pass
         mock_clock.jump(GATHER)
         await trio.testing.wait_all_tasks_blocked()
         assert pump.wakeups == wakeups + 3  # a pass that found nothing: back to the sockets
         sockets[5][0].send(b"later")
         await trio.testing.wait_all_tasks_blocked()
-        assert (pump.messages, pump.wakeups) == (42, wakeups + 4)  # at once, the clock still
+        assert (pump.messages, pump.wakeups) == (43, wakeups + 4)  # at once, the clock still
+        nursery.cancel_scope.cancel()
+
+
+async def test_messages_far_apart_are_each_taken_as_they_come_with_no_pass_after(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A few workers, or one at a modest rate: a pass GATHER after each message would find
+    nothing and cost a wakeup more than the message's own."""
+    pump = LivePump()
+    async with pairs(2) as sockets, trio.open_nursery() as nursery:
+        for _, receiving in sockets:
+            pump.add(receiving, trio.open_memory_channel[Inbound](64), Clock())
+        nursery.start_soon(pump.run)
+        await trio.testing.wait_all_tasks_blocked()
+        wakeups = pump.wakeups
+        for index in range(20):
+            sockets[index % 2][0].send(b"%d" % index)
+            await trio.testing.wait_all_tasks_blocked()
+            assert pump.messages == index + 1  # taken at once
+            mock_clock.jump(10 * GATHER)  # the next comes 20 ms later
+            await trio.testing.wait_all_tasks_blocked()
+        assert pump.wakeups == wakeups + 20  # one a message, none on the timer
         nursery.cancel_scope.cancel()

@@ -8,9 +8,12 @@ reader that fell behind) are taken together: on loopback with 32 workers in step
 a message with a task per socket, 27 with one pass.
 
 Messages that come one after another (workers publishing in turn, each a wakeup of its own: 40 µs
-of CPU a message in Trio here) are gathered: once a pass finds messages, the next is made
-GATHER later, whatever signalled meanwhile, and once a pass finds nothing the pump waits on the
-sockets again. A message waits at most GATHER for its pass; a quiet stream's is taken at once.
+of CPU a message in Trio here) are gathered: while they come less than GATHER apart (the time
+between them is tracked, half the last pass's and half what it was), the pump makes its next
+pass GATHER after the last, whatever signalled meanwhile, so that a pass takes one message or
+more; a pass that finds nothing puts it back on the sockets. A message waits at most GATHER
+for its pass, and messages further apart (a few workers, or a quiet stream) are each taken as
+it comes, a wakeup each: a timer pass would most often find nothing, and cost one more.
 
 Each socket's messages go to its subscriber's inbox as one `Live` item, never waiting: when
 the inbox is full, they are kept aside and the socket is taken out of the set (its fd would
@@ -146,7 +149,7 @@ class LivePump:
 
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
     async def run(self) -> None:
-        gathering = False
+        gathering, spacing, last = False, GATHER, None  # spacing: seconds between messages
         try:
             while True:
                 if self._again:
@@ -166,7 +169,12 @@ class LivePump:
                 for feed in ready:
                     if self._feeds.get(feed.fd) is feed:  # not removed meanwhile
                         self._pass(feed)
-                gathering = self.messages > before
+                if taken := self.messages - before:
+                    now = trio.current_time()
+                    if last is not None:
+                        spacing = (spacing + (now - last) / taken) / 2
+                    last = now
+                gathering = taken > 0 and spacing < GATHER
         finally:
             self._poller.close()
 
