@@ -140,6 +140,21 @@ async def test_a_socket_that_fails_ends_its_own_subscriber_with_the_error() -> N
         nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def pumping(
+    count: int,
+) -> AsyncIterator[tuple[LivePump, list[tuple[zmq.Socket[bytes], TrioSocket]]]]:
+    """A running pump over `count` PAIRs, each into an inbox of its own, every task blocked."""
+    pump = LivePump()
+    async with pairs(count) as sockets, trio.open_nursery() as nursery:
+        for _, receiving in sockets:
+            pump.add(receiving, trio.open_memory_channel[Inbound](64), Clock())
+        nursery.start_soon(pump.run)
+        await trio.testing.wait_all_tasks_blocked()
+        yield pump, sockets
+        nursery.cancel_scope.cancel()
+
+
 async def test_while_messages_keep_coming_a_pass_is_made_every_gather_not_every_message(
     mock_clock: trio.testing.MockClock,
 ) -> None:
@@ -147,12 +162,7 @@ async def test_while_messages_keep_coming_a_pass_is_made_every_gather_not_every_
     wakeup each; once messages come less than GATHER apart, the next pass is made GATHER
     later, whatever came meanwhile, and once one finds nothing the pump waits on the sockets
     again. (Trio's clock stands still here unless the test moves it; the sockets are real.)"""
-    pump = LivePump()
-    async with pairs(8) as sockets, trio.open_nursery() as nursery:
-        for _, receiving in sockets:
-            pump.add(receiving, trio.open_memory_channel[Inbound](64), Clock())
-        nursery.start_soon(pump.run)
-        await trio.testing.wait_all_tasks_blocked()
+    async with pumping(8) as (pump, sockets):
         for index in range(2):  # close together (the clock stands still): gathering begins
             wakeups = pump.wakeups
             sockets[index][0].send(b"first")
@@ -171,7 +181,6 @@ async def test_while_messages_keep_coming_a_pass_is_made_every_gather_not_every_
         sockets[5][0].send(b"later")
         await trio.testing.wait_all_tasks_blocked()
         assert (pump.messages, pump.wakeups) == (43, wakeups + 4)  # at once, the clock still
-        nursery.cancel_scope.cancel()
 
 
 async def test_messages_far_apart_are_each_taken_as_they_come_with_no_pass_after(
@@ -179,12 +188,7 @@ async def test_messages_far_apart_are_each_taken_as_they_come_with_no_pass_after
 ) -> None:
     """A few workers, or one at a modest rate: a pass GATHER after each message would find
     nothing and cost a wakeup more than the message's own."""
-    pump = LivePump()
-    async with pairs(2) as sockets, trio.open_nursery() as nursery:
-        for _, receiving in sockets:
-            pump.add(receiving, trio.open_memory_channel[Inbound](64), Clock())
-        nursery.start_soon(pump.run)
-        await trio.testing.wait_all_tasks_blocked()
+    async with pumping(2) as (pump, sockets):
         wakeups = pump.wakeups
         for index in range(20):
             sockets[index % 2][0].send(b"%d" % index)
@@ -193,4 +197,3 @@ async def test_messages_far_apart_are_each_taken_as_they_come_with_no_pass_after
             mock_clock.jump(10 * GATHER)  # the next comes 20 ms later
             await trio.testing.wait_all_tasks_blocked()
         assert pump.wakeups == wakeups + 20  # one a message, none on the timer
-        nursery.cancel_scope.cancel()
