@@ -1859,11 +1859,29 @@ run_key(PyObject *parent, PyObject *blocks, PyObject *ids, PyObject *keys)
     return parent_key(parent, blocks, ids, keys);
 }
 
-/* Append the keys of `count` blocks under `key`, the first `whole` of them with the content
-   hashes at `contents` (8 bytes each, unaligned), the rest None (as all are for a None key). */
+/* Where a run's blocks' content hashes come from: a block's token ids, or read_plain's hashes. */
+typedef Py_hash_t (*ContentHash)(const void *source, Py_ssize_t block, Py_ssize_t size);
+
+static Py_hash_t
+tokens_hash(const void *tokens, Py_ssize_t block, Py_ssize_t size)
+{
+    return items_hash((PyObject **)tokens + block * size, size);
+}
+
+static Py_hash_t
+read_hash(const void *contents, Py_ssize_t block, Py_ssize_t size)
+{
+    Py_hash_t content_hash; /* 8 bytes a block, unaligned; a tuple hash, never -1 */
+    memcpy(&content_hash, (const char *)contents + block * (Py_ssize_t)sizeof content_hash,
+           sizeof content_hash);
+    return content_hash;
+}
+
+/* Append the keys of `count` blocks under `key`: the first `whole` chained from it, each from
+   its content's hash (-1: an exception set), the rest None (as all are for a None key). */
 static int
-append_contents(PyObject *keys, PyObject *key, const char *contents, Py_ssize_t whole,
-                Py_ssize_t count)
+append_keys(PyObject *keys, PyObject *key, ContentHash content, const void *source,
+            Py_ssize_t whole, Py_ssize_t count, Py_ssize_t size)
 {
     whole = key == Py_None ? 0 : whole;
     Py_hash_t parent_hash = whole ? PyObject_Hash(key) : 0;
@@ -1877,9 +1895,10 @@ append_contents(PyObject *keys, PyObject *key, const char *contents, Py_ssize_t 
             }
             continue;
         }
-        Py_hash_t content_hash;
-        memcpy(&content_hash, contents + block * (Py_ssize_t)sizeof content_hash,
-               sizeof content_hash);
+        Py_hash_t content_hash = content(source, block, size);
+        if (content_hash == -1) {
+            return -1;
+        }
         Py_hash_t made = pair_hash(parent_hash, content_hash);
         parent_hash = int_hash(made);
         PyObject *as_int = PyLong_FromSsize_t(made);
@@ -1890,29 +1909,6 @@ append_contents(PyObject *keys, PyObject *key, const char *contents, Py_ssize_t 
         Py_DECREF(as_int);
     }
     return 0;
-}
-
-/* Append the keys of `count` blocks cut from `tokens` under `key` (None: all None). */
-static int
-append_keys(PyObject *keys, PyObject *key, PyObject **tokens, Py_ssize_t length,
-            Py_ssize_t count, Py_ssize_t size)
-{
-    Py_ssize_t whole = key == Py_None ? 0 : Py_MIN(count, length / size);
-    Py_hash_t *contents = PyMem_Malloc(Py_MAX(whole, 1) * sizeof(Py_hash_t));
-    if (contents == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t block = 0; block < whole; block++) {
-        contents[block] = items_hash(tokens + block * size, size);
-        if (contents[block] == -1) {
-            PyMem_Free(contents);
-            return -1;
-        }
-    }
-    int done = append_contents(keys, key, (const char *)contents, whole, count);
-    PyMem_Free(contents);
-    return done;
 }
 
 /* plain_run(run, size, blocks, root_key): what filing.run_keys's loop makes of a run of stored
@@ -1987,7 +1983,8 @@ plain_run(PyObject *module, PyObject *args)
                             ? PyObject_CallFunctionObjArgs(root_key, field[LORA], field[SALT], NULL)
                             : run_key(field[PARENT], blocks, ids, keys));
         if (key == NULL ||
-            append_keys(keys, key, items, length, PySequence_Fast_GET_SIZE(hashes), size) < 0) {
+            append_keys(keys, key, tokens_hash, items, length / size,
+                        PySequence_Fast_GET_SIZE(hashes), size) < 0) {
             goto done;
         }
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(hashes); i++) {
@@ -2417,8 +2414,8 @@ read_run(PyObject *module, PyObject *args)
         Py_XSETREF(key, parent == Py_None ? Py_NewRef(root) : run_key(parent, blocks, ids, keys));
         Py_ssize_t whole = PyBytes_GET_SIZE(contents) / (Py_ssize_t)sizeof(Py_hash_t);
         Py_ssize_t stored = PyList_GET_SIZE(ids);
-        if (key == NULL || append_contents(keys, key, PyBytes_AS_STRING(contents), whole,
-                                           PyList_GET_SIZE(hashes)) < 0 ||
+        if (key == NULL || append_keys(keys, key, read_hash, PyBytes_AS_STRING(contents), whole,
+                                       PyList_GET_SIZE(hashes), size) < 0 ||
             PyList_SetSlice(ids, stored, stored, hashes) < 0) {
             goto done;
         }
