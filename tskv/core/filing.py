@@ -99,7 +99,7 @@ class Filing:
         plain worker's runs keyed from their blocks' content hashes, with no event made. What
         the steps cannot file alone (a view that is tiered or hybrid, a run not wholly new to
         the worker) goes through `apply`, from that event on."""
-        view, core = self.holdings.view(worker), compiled.core
+        view, core, size = self.holdings.view(worker), compiled.core, self.holdings.block_size
         assert core is not None  # a ReadBatch is made only where it is
         if view.hybrid is not None or (view.tier is not None and view.tier != UNTIERED):
             return self.apply(worker, batch.events)
@@ -112,7 +112,6 @@ class Filing:
                 cleared = True
             else:
                 view.tier = UNTIERED  # as `needs_hybrid` notes a plain worker's first store
-                size = self.holdings.block_size
                 ids, keys, mismatched = core.read_run(steps, size, view.blocks, ROOT)
                 if not add_new(view.blocks, ids, keys):  # nothing changed: filed from events
                     rest = self.apply(worker, batch.events[start:])

@@ -43,12 +43,13 @@ from tskv.core.reader_messages import (
 )
 from tskv.core.worker_view import WorkerFigures
 from tskv.shells._background import only
+from tskv.shells._live_pump import GATHER
 from tskv.shells.watcher import watch
 
 OUTBOX_BATCHES = 1_000  # batches (and snapshot parts) unsent before the followers wait
 MAX_LOSSES = 1_000  # loss reports queued, for `on_loss`, before more are dropped (counted)
 MAX_LOGS = 1_000  # log records queued before more are dropped (counted)
-FRAME_QUIET = 0.004  # twice the pump's GATHER: a pass every GATHER is not quiet
+FRAME_QUIET = 2 * GATHER  # the pump's passes come GATHER apart under load: that is not quiet
 FRAME_DELAY = 0.02
 
 
