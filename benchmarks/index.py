@@ -8,7 +8,7 @@ import json
 import random
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -128,14 +128,17 @@ class DynamoSide:
         return self.tree.find_matches(self.hash_tokens(tokens, BLOCK))
 
 
-def _timed_matches(side: Any, asks: list[list[int]]) -> tuple[list[float], list[Any]]:
-    """Each query's wall time (seconds) and answer."""
-    latencies, results = [], []
+def _timed_matches(side: Any, asks: Iterable[list[int]]) -> tuple[list[float], int]:
+    """Each query's wall time (seconds), and how many answers named a worker. Each answer is
+    let go of once counted, as a router lets go of it once it has chosen: 2,000 answers kept
+    would grow the heap under the later queries and set off the garbage collector in them."""
+    latencies, matched = [], 0
     for tokens in asks:
         began = time.perf_counter()
-        results.append(side.match(tokens))
+        answer = side.match(tokens)
         latencies.append(time.perf_counter() - began)
-    return latencies, results
+        matched += bool(len(answer.scores) if hasattr(answer, "scores") else len(answer))
+    return latencies, matched
 
 
 def _measure_side(make: Callable[[], Any], blocks: int) -> dict[str, float]:
@@ -146,8 +149,7 @@ def _measure_side(make: Callable[[], Any], blocks: int) -> dict[str, float]:
     for worker, event in events:
         side.apply(worker, event)
     applied = time.perf_counter() - started
-    latencies, results = _timed_matches(side, queries(1000))
-    matched = sum(bool(len(r.scores) if hasattr(r, "scores") else len(r)) for r in results)
+    latencies, matched = _timed_matches(side, queries(1000))
     return {
         "events_per_s": len(events) / applied,
         "blocks_per_s": 4 * len(events) / applied,
@@ -227,18 +229,17 @@ def _fleet_events() -> Iterator[tuple[int, BlockStored]]:
             )
 
 
-def _long_prompts(held: int, count: int) -> list[list[int]]:
-    """2,000-token prompts whose first `held` blocks some worker holds, the rest new."""
+def _long_prompts(held: int, count: int) -> Iterator[list[int]]:
+    """2,000-token prompts whose first `held` blocks some worker holds, the rest new; each made
+    as it is asked for, as a router's tokenizer makes a request's just before it is matched
+    (4M token ids made ahead would be read from memory, not from the CPU's cache)."""
     ask = random.Random(held)
-    prompts = []
     for _ in range(count):
         first = _first_token(ask.randrange(WORKERS), ask.randrange(FLEET_BLOCKS // CHAIN))
         fresh = ask.randrange(1 << 28, 1 << 31)  # above every cached token id, and a u32
-        prompts.append(
-            list(range(first, first + held * BLOCK))
-            + list(range(fresh, fresh + PROMPT - held * BLOCK))
+        yield list(range(first, first + held * BLOCK)) + list(
+            range(fresh, fresh + PROMPT - held * BLOCK)
         )
-    return prompts
 
 
 def _long_prompt_side(dynamo_side: bool, conn: Connection) -> None:
@@ -280,11 +281,10 @@ def _walk_forms(index: PrefixIndex) -> list[tuple[str, float, float]]:
             lambda p: core.walk(table, None, root, p, BLOCK, None),
         ),
     ]
-    prompts = _long_prompts(CHAIN, 2_000)
     found = []
     for name, walk in forms:
         latencies = []
-        for prompt in prompts:
+        for prompt in _long_prompts(CHAIN, 2_000):
             began = time.perf_counter()
             walk(prompt)
             latencies.append(time.perf_counter() - began)

@@ -24,13 +24,16 @@ from tskv.core import block_keys, compiled, filing
 from tskv.core.block_keys import chain_in_python, root_key
 from tskv.core.events import BlockStored
 from tskv.core.filing import run_keys
-from tskv.core.prefix_index import _walk
+from tskv.core.holdings import Bits
+from tskv.core.prefix_index import _walk, counts_of
 
 _compiled = pytest.importorskip("tskv.core._compiled", reason="the compiled core is not built here")
 HOME = Path(__file__).resolve().parents[2]
 
 hashes = st.integers(-(2**63), 2**63 - 1)
-tokens = st.one_of(st.integers(0, 200_000), st.integers(-(2**70), 2**70))
+# ints of one digit the walk hashes itself, and those next to it that it asks Python to hash
+edges = st.sampled_from([0, 1, -1, -2, 2**30 - 1, 2**30, 1 - 2**30, -(2**30), True, False])
+tokens = st.one_of(st.integers(0, 200_000), st.integers(-(2**70), 2**70), edges)
 contents = st.one_of(
     st.none(),
     st.tuples(tokens, tokens),
@@ -149,6 +152,41 @@ def test_walk_gives_the_reference_walk(case: tuple[Any, ...], keep_keys: bool) -
     table = _compiled.KeyTable()  # the table's own walk, where its masks fit 64 bits
     table.update(real)
     assert _compiled.walk(table, predicted, root, request, size, None) == walked
+
+
+@settings(max_examples=300)
+@given(walks(), st.integers(0, 70))
+def test_a_whole_query_gives_the_reference_counts(case: tuple[Any, ...], workers: int) -> None:
+    """`leading` is `_leading_counts` over a table in one call: the same counts in the same
+    order, the same error where a mask has a bit no worker has; None where a mask is past 64
+    bits (the caller walks then)."""
+    real, _, root, request, size = case
+    bits = Bits()
+    for worker in range(workers):
+        bits.take(f"w{worker}")
+    table = _compiled.KeyTable()
+    table.update(real)
+    answer = outcome(table.leading, root, request, size, bits.by_position)
+    if any(mask >> 64 for mask in real.values()):
+        assert answer is None
+        return
+    walked = outcome(_walk, (real, None), root, (request, None, None), size, 0, None)
+    expected = walked if isinstance(walked, type) else outcome(counts_of, walked, bits)
+    assert answer == expected
+    if isinstance(answer, dict):
+        assert list(answer) == list(expected)
+
+
+def test_a_whole_query_names_what_it_refuses() -> None:
+    table = _compiled.KeyTable()
+    with pytest.raises(TypeError, match="workers must be a tuple"):
+        table.leading(0, [1], 1, [])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="size = 0 must be at least 1"):
+        table.leading(0, [1], 0, ())
+    with pytest.raises(TypeError, match="tokens must be a sequence"):
+        table.leading(0, 5, 1, ())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        table.leading(0, [1], 1)  # type: ignore[call-arg]
 
 
 junk = st.one_of(tokens, st.none(), st.text(max_size=2), st.floats(), st.lists(tokens, max_size=2))

@@ -28,6 +28,9 @@ What it holds:
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h> /* Python.h includes it from 3.11 on */
+#endif
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
@@ -71,13 +74,46 @@ pair_hash(Py_hash_t parent_hash, Py_hash_t content_hash)
     return tuple_end(tuple_round(acc, (Py_uhash_t)content_hash), 2);
 }
 
+/* hash(item), for a token id without the two calls PyObject_Hash makes: an int below 2**30 in
+   magnitude (one digit, as every token id is) is its own hash, -1 made -2 (long_hash in
+   Objects/longobject.c); any other object asks PyObject_Hash. */
+static inline int
+small_int_hash(PyObject *item, Py_hash_t *hash)
+{
+    if (!PyLong_CheckExact(item)) {
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        return 0;
+    }
+    Py_ssize_t value = PyUnstable_Long_CompactValue((PyLongObject *)item);
+    *hash = value == -1 ? -2 : (Py_hash_t)value;
+    return 1;
+#else
+    Py_ssize_t digits = Py_SIZE(item);
+    if (digits != 0 && digits != 1) {
+        return 0;
+    }
+    *hash = digits ? (Py_hash_t)((PyLongObject *)item)->ob_digit[0] : 0;
+    return 1;
+#endif
+}
+
+static inline Py_hash_t
+token_hash(PyObject *item)
+{
+    Py_hash_t hash;
+    return small_int_hash(item, &hash) ? hash : PyObject_Hash(item);
+}
+
 /* hash(tuple(items[0:size])) without the tuple; -1 with an exception set if an item has none. */
 static Py_hash_t
 items_hash(PyObject **items, Py_ssize_t size)
 {
     Py_uhash_t acc = XXPRIME_5;
     for (Py_ssize_t i = 0; i < size; i++) {
-        Py_hash_t item_hash = PyObject_Hash(items[i]);
+        Py_hash_t item_hash = token_hash(items[i]);
         if (item_hash == -1) {
             return -1;
         }
@@ -205,8 +241,18 @@ next_slot(size_t i, size_t capacity)
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(address) __builtin_prefetch(address)
+#define LOWEST_BIT(mask) ((Py_ssize_t)__builtin_ctzll(mask))
 #else
 #define PREFETCH(address) ((void)(address))
+static inline Py_ssize_t
+LOWEST_BIT(uint64_t mask) /* the index of the lowest set bit of a mask that has one */
+{
+    Py_ssize_t bit = 0;
+    for (; !(mask & 1); mask >>= 1) {
+        bit++;
+    }
+    return bit;
+}
 #endif
 
 #define FETCH_AHEAD 16 /* keys of a batch whose slots are fetched before the one looked up */
@@ -1073,6 +1119,8 @@ static PySequenceMethods KeyTable_as_sequence = {
     .sq_contains = (objobjproc)KeyTable_contains,
 };
 
+static PyObject *KeyTable_leading(KeyTable *table, PyObject *const *args, Py_ssize_t nargs);
+
 static PyMethodDef KeyTable_methods[] = {
     {"get", (PyCFunction)(void (*)(void))KeyTable_get, METH_FASTCALL,
      "get(key, default=None): the key's mask, or default."},
@@ -1090,6 +1138,8 @@ static PyMethodDef KeyTable_methods[] = {
      "let_go(keys, bit): keys without bit; those let go of, or None for wide masks."},
     {"clear_bits", (PyCFunction)KeyTable_clear_bits, METH_O,
      "clear_bits(bits): take `bits` out of every mask, and the keys left with none."},
+    {"leading", (PyCFunction)(void (*)(void))KeyTable_leading, METH_FASTCALL,
+     "leading(key, tokens, size, workers) -> {worker: blocks} | None: the usual match."},
     {"__sizeof__", (PyCFunction)KeyTable_sizeof, METH_NOARGS, "the table's bytes"},
     {NULL, NULL, 0, NULL},
 };
@@ -1616,27 +1666,66 @@ holders_of(PyObject *real, PyObject *predicted, PyObject *key, PyObject *zero)
 
 #define AHEAD 8 /* blocks keyed ahead of the one looked up */
 
+/* The content hashes of `count` (at most AHEAD) consecutive blocks into hashes[], their
+   rounds interleaved: a block's rounds are one chain of multiplies, so the CPU runs several
+   blocks' chains side by side. 0 where a token id is not a one-digit int: the caller then
+   hashes the blocks one at a time, as items_hash does, errors included. */
+static int
+contents_hash(PyObject **items, Py_ssize_t size, Py_ssize_t count, Py_hash_t *hashes)
+{
+    Py_uhash_t acc[AHEAD];
+    for (Py_ssize_t k = 0; k < count; k++) {
+        acc[k] = XXPRIME_5;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            Py_hash_t item_hash;
+            if (!small_int_hash(items[k * size + i], &item_hash)) {
+                return 0;
+            }
+            acc[k] = tuple_round(acc[k], (Py_uhash_t)item_hash);
+        }
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        hashes[k] = tuple_end(acc[k], size);
+    }
+    return 1;
+}
+
+/* Where the workers holding every block so far change: at `depth`, `held` hold it. At most
+   66 of them: the first block's, one for each of 64 workers dropping out, and the block that
+   no worker holds. */
+typedef struct {
+    Py_ssize_t depth;
+    uint64_t held;
+} Change;
+
+#define MAX_CHANGES 66
+
 /* walk() on a KeyTable whose masks all fit 64 bits, with no predictions: the masks stay C
    integers, and a key becomes an int only for `keys_out`. A key depends on the one before,
    but its slot's address does not depend on the table: so the next AHEAD keys are made and
    their slots fetched from memory together, and the walk then finds them in the CPU's cache
-   (at millions of keys each lookup is a cache miss, the walk's whole cost). A key made ahead
-   past where the walk stops is not used, nor is any error in making it. */
-static PyObject *
+   (at millions of keys each lookup is a cache miss). A key made ahead past where the walk
+   stops is not used, nor is any error in making it. Fills changes[]; their number, or -1 with
+   an exception set. */
+static Py_ssize_t
 walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t blocks,
-           Py_ssize_t size, PyObject *keys_out)
+           Py_ssize_t size, PyObject *keys_out, Change *changes)
 {
-    PyObject *changes = PyList_New(0);
-    if (changes == NULL) {
-        return NULL;
-    }
+    Py_ssize_t found = 0;
     uint64_t active = ~(uint64_t)0;
-    Py_hash_t ahead[AHEAD];
+    Py_hash_t ahead[AHEAD], contents[AHEAD];
     for (Py_ssize_t start = 0; start < blocks; start += AHEAD) {
         Py_ssize_t count = blocks - start < AHEAD ? blocks - start : AHEAD, made = 0;
         PyObject *type = NULL, *value = NULL, *traceback = NULL; /* an error ahead, kept */
+        int hashed = contents_hash(items + start * size, size, count, contents);
         for (; made < count; made++) {
-            if (next_key(&parent_hash, items + (start + made) * size, size, &ahead[made]) < 0) {
+            if (hashed) {
+                ahead[made] = pair_hash(parent_hash, contents[made]);
+                parent_hash = int_hash(ahead[made]);
+            } else if (next_key(&parent_hash, items + (start + made) * size, size,
+                                &ahead[made]) < 0) {
                 PyErr_Fetch(&type, &value, &traceback); /* raised only if the walk gets there */
                 break;
             }
@@ -1651,7 +1740,10 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t bloc
                 PyObject *as_int = PyLong_FromSsize_t(key);
                 if (as_int == NULL || PyList_Append(keys_out, as_int) < 0) {
                     Py_XDECREF(as_int);
-                    goto failed;
+                    Py_XDECREF(type);
+                    Py_XDECREF(value);
+                    Py_XDECREF(traceback);
+                    return -1;
                 }
                 Py_DECREF(as_int);
             }
@@ -1661,36 +1753,129 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t bloc
                 held = t->slots[i].key == EMPTY ? 0 : active & t->slots[i].mask;
             }
             if (depth == 0 || held != active) { /* at 0: Python's `active` is -1, never a mask */
-                PyObject *change = Py_BuildValue("(nK)", depth, (unsigned long long)held);
-                if (change == NULL || PyList_Append(changes, change) < 0) {
-                    Py_XDECREF(change);
-                    goto failed;
-                }
-                Py_DECREF(change);
+                changes[found++] = (Change){depth, held};
             }
             if (!held) {
                 Py_XDECREF(type);
                 Py_XDECREF(value);
                 Py_XDECREF(traceback);
-                return Py_BuildValue("(Nn)", changes, blocks);
+                return found;
             }
             active = held;
         }
         if (made < count) { /* the walk reached the block whose key could not be made */
             PyErr_Restore(type, value, traceback);
-            goto error;
+            return -1;
         }
-        continue;
-    failed:
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
-        goto error;
     }
-    return Py_BuildValue("(Nn)", changes, blocks);
-error:
-    Py_DECREF(changes);
-    return NULL;
+    return found;
+}
+
+/* The walk's changes as walk() returns them: (changes, blocks). */
+static PyObject *
+changes_list(const Change *changes, Py_ssize_t found, Py_ssize_t blocks)
+{
+    PyObject *list = PyList_New(found);
+    if (list == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < found; i++) {
+        PyObject *change =
+            Py_BuildValue("(nK)", changes[i].depth, (unsigned long long)changes[i].held);
+        if (change == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, change);
+    }
+    return Py_BuildValue("(Nn)", list, blocks);
+}
+
+/* counts[workers[bit]] = blocks for each bit of `mask`; -1 with an exception set. */
+static int
+count_workers(PyObject *counts, PyObject *workers, uint64_t mask, Py_ssize_t blocks)
+{
+    PyObject *number = PyLong_FromSsize_t(blocks);
+    if (number == NULL) {
+        return -1;
+    }
+    for (; mask; mask &= mask - 1) {
+        Py_ssize_t bit = LOWEST_BIT(mask);
+        PyObject *worker = bit < PyTuple_GET_SIZE(workers) ? PyTuple_GET_ITEM(workers, bit)
+                                                           : Py_None;
+        if (worker == Py_None) {
+            PyErr_Format(PyExc_KeyError, "leading: no worker has bit %zd", bit);
+            Py_DECREF(number);
+            return -1;
+        }
+        if (PyDict_SetItem(counts, worker, number) < 0) {
+            Py_DECREF(number);
+            return -1;
+        }
+    }
+    Py_DECREF(number);
+    return 0;
+}
+
+/* table.leading(key, tokens, size, workers) -> {worker: blocks} | None
+
+   The usual query whole, as prefix_index.counts_of makes it of a plain walk's changes: each
+   worker holding the request's first blocks -> how many, `workers[i]` the worker of bit i
+   (None for a free bit). None where the table holds a mask above 64 bits: the caller walks
+   instead. One call and one dict, where the walk's changes cost a list of tuples and Python
+   to turn them into counts. */
+static PyObject *
+KeyTable_leading(KeyTable *table, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        return PyErr_Format(PyExc_TypeError, "leading takes 4 arguments (%zd given)", nargs);
+    }
+    PyObject *key = args[0], *tokens = args[1], *workers = args[3];
+    if (!PyTuple_Check(workers)) {
+        return PyErr_Format(PyExc_TypeError, "leading: workers must be a tuple");
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[2]);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (size < 1) {
+        return PyErr_Format(PyExc_ValueError, "leading: size = %zd must be at least 1", size);
+    }
+    if (table->high) {
+        Py_RETURN_NONE;
+    }
+    PyObject *fast = PySequence_Fast(tokens, "leading: tokens must be a sequence");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
+    Change changes[MAX_CHANGES];
+    Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0;
+    Py_ssize_t found = root_hash == -1 ? -1
+                                       : walk_table(table, root_hash, PySequence_Fast_ITEMS(fast),
+                                                    blocks, size, Py_None, changes);
+    Py_DECREF(fast);
+    PyObject *counts = found < 0 ? NULL : PyDict_New();
+    if (counts == NULL) {
+        return NULL;
+    }
+    uint64_t active = 0; /* the first change, at depth 0, sets it */
+    for (Py_ssize_t i = 0; i < found; i++) { /* some workers' prefixes end at its depth */
+        if (changes[i].depth &&
+            count_workers(counts, workers, active & ~changes[i].held, changes[i].depth) < 0) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        if (!changes[i].held) {
+            return counts;
+        }
+        active = changes[i].held;
+    }
+    if (active && count_workers(counts, workers, active, blocks) < 0) {
+        Py_DECREF(counts);
+        return NULL;
+    }
+    return counts;
 }
 
 /* walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks)
@@ -1727,12 +1912,13 @@ walk(PyObject *module, PyObject *args)
     Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
     PyObject **items = PySequence_Fast_ITEMS(fast);
     if (Py_IS_TYPE(real, &KeyTableType) && predicted == Py_None && !((KeyTable *)real)->high) {
+        Change found[MAX_CHANGES];
         Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0;
-        PyObject *result = root_hash == -1 ? NULL
+        Py_ssize_t count = root_hash == -1 ? -1
                                            : walk_table((KeyTable *)real, root_hash, items,
-                                                        blocks, size, keys_out);
+                                                        blocks, size, keys_out, found);
         Py_DECREF(fast);
-        return result;
+        return count < 0 ? NULL : changes_list(found, count, blocks);
     }
     PyObject *changes = PyList_New(0);
     PyObject *zero = PyLong_FromLong(0);

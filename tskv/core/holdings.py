@@ -41,16 +41,18 @@ def block_keys_map() -> BlockKeys:
     return {} if compiled.core is None else compiled.core.BlockMap()
 
 
-class _Bits:
+class Bits:
     """Which bit stands for which worker, and the workers of a mask, for answers: the same few
     masks (who holds a popular prefix) come up in query after query, and walking 64 bits in
-    Python costs more than the rest of one."""
+    Python costs more than the rest of one. `by_position[i]` is the worker of bit 1 << i (None
+    for a free bit), for the compiled core's answers."""
 
     def __init__(self) -> None:
         self._by_bit: dict[int, Worker] = {}
         self._free: list[int] = []
         self._next = 1
         self._mask_workers: dict[int, tuple[Worker, ...]] = {}
+        self.by_position: tuple[Worker | None, ...] = ()
 
     def take(self, worker: Worker) -> int:
         if self._free:
@@ -58,13 +60,19 @@ class _Bits:
         else:
             bit, self._next = self._next, self._next << 1
         self._by_bit[bit] = worker
-        self._mask_workers.clear()  # a bit may have changed hands
+        self._changed()  # a bit may have changed hands
         return bit
 
     def give_back(self, bit: int) -> None:
         del self._by_bit[bit]
         self._free.append(bit)
+        self._changed()
+
+    def _changed(self) -> None:
         self._mask_workers.clear()
+        self.by_position = tuple(
+            self._by_bit.get(1 << i) for i in range(self._next.bit_length() - 1)
+        )
 
     def workers_of(self, mask: int) -> tuple[Worker, ...]:
         workers = self._mask_workers.get(mask)
@@ -135,7 +143,7 @@ class Holdings:
         self.holders: HolderMap = {} if self.table is None else self.table  # key -> worker mask
         self.views: dict[Worker, WorkerBlocks] = {}
         self.known: tuple[Worker, ...] = ()  # the views' workers, made again when one comes or goes
-        self.bits = _Bits()
+        self.bits = Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridView
         self.predictions = predictions  # a real block replaces its prediction
         # bit -> the worker's holds taken and let go of since last asked, in order: runs of

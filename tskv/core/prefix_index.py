@@ -39,7 +39,7 @@ from tskv.core.events import (
 )
 from tskv.core.filing import Filing
 from tskv.core.groups import CacheGroup, checked_groups
-from tskv.core.holdings import HolderMap, Holdings
+from tskv.core.holdings import Bits, HolderMap, Holdings
 from tskv.core.holdings import Worker as Worker  # the index's users name it from here
 from tskv.core.hybrid import Op
 from tskv.core.predictions import MAX_ENTRIES, Predictions
@@ -47,6 +47,7 @@ from tskv.core.read_batch import ReadBatch
 from tskv.core.worker_view import Changes, ViewChange, WorkerView
 
 MAX_PREDICTED = MAX_ENTRIES
+PLAIN_ROOT = root_key(None, None)  # what most requests' chains hang from: made once
 
 
 class Match(dict[Worker, int]):
@@ -92,6 +93,37 @@ class Match(dict[Worker, int]):
         return worker, count
 
 
+_new_dict, _fill = dict.__new__, dict.update
+
+
+def _usual_match(
+    holdings: Holdings,
+    lookaheads: set[int],
+    stale: set[Worker],
+    token_ids: Sequence[int | str],
+    lora_name: str | None,
+    cache_salt: str | None,
+) -> Match | None:
+    """The usual query (no per-block identity) in one call to the compiled core, which walks
+    and counts; None where the general walk is wanted: no compiled core, workers with hybrid
+    groups or lookahead, predictions, a mask above 64 bits. Its `Match` is made without
+    `__init__`, whose frame and defaults cost 1-2 µs a request where the CPU's caches are
+    cold, as a busy router's are."""
+    table = holdings.table
+    if table is None or holdings.hybrids or lookaheads or holdings.predictions.masks:
+        return None
+    usual = lora_name is None and cache_salt is None
+    key = PLAIN_ROOT if usual else root_key(lora_name, cache_salt)
+    found = table.leading(key, token_ids, holdings.block_size, holdings.bits.by_position)
+    if found is None:
+        return None
+    match: Match = _new_dict(Match)
+    _fill(match, found)
+    match.stale, match.predicted, match.lower = frozenset(stale), {}, {}
+    match.block_size, match.workers = holdings.block_size, holdings.known
+    return match
+
+
 # Where a walk looks a key up: the real holders, and the predicted ones (or None)
 Holders = tuple[HolderMap, dict[int, int] | None]
 # A walk's answer: (depth, the workers holding every block so far) each time those change, the
@@ -107,7 +139,7 @@ def _leading_counts(
     cache_salt: str | None,
     mm_keys: Sequence[Sequence[MMKey]] | None,
     size: int,
-    workers_of: Callable[[int], tuple[Worker, ...]],
+    bits: Bits,
     lookahead: int = 0,
     keys_out: list[int] | None = None,
 ) -> dict[Worker, int]:
@@ -122,7 +154,14 @@ def _leading_counts(
     else:
         request = (token_ids, extra_keys, mm_keys)
         walked = _walk(holders, key, request, size, lookahead, keys_out)
+    return counts_of(walked, bits)
+
+
+def counts_of(walked: Walked, bits: Bits) -> dict[Worker, int]:
+    """A walk's changes as each worker's count of leading blocks (the compiled `leading` makes
+    the same counts, in the same order)."""
     changes, blocks = walked
+    workers_of = bits.workers_of
     counts: dict[Worker, int] = {}
     active = -1  # every worker, until the first block says otherwise
     for depth, held in changes:  # some workers' prefixes end at `depth`
@@ -175,7 +214,7 @@ def _walk(
 
 
 # A query: its token ids, LoRA name, extra keys, cache salt and multimodal keys; and how counts
-# are answered: the index's block size, and the workers of a mask.
+# are answered: the index's block size, and which worker each bit of a mask stands for.
 Request = tuple[
     Sequence[int | str],
     str | None,
@@ -183,7 +222,7 @@ Request = tuple[
     str | None,
     Sequence[Sequence[MMKey]] | None,
 ]
-Answer = tuple[int, Callable[[int], tuple[Worker, ...]]]
+Answer = tuple[int, Bits]
 
 
 def _engine_answers(
@@ -425,9 +464,14 @@ class PrefixIndex:
             )
         if self._strings:
             token_ids, _ = int_tokens(token_ids)
-        request: Request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
-        answer: Answer = (self.block_size, self._holdings.bits.workers_of)
+        if extra_keys is None and mm_keys is None:
+            ask = (token_ids, lora_name, cache_salt)
+            usual = _usual_match(self._holdings, self._lookaheads, self._stale, *ask)
+            if usual is not None:
+                return usual
         size = self.block_size
+        request: Request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
+        answer: Answer = (size, self._holdings.bits)
         lower: dict[Worker, int] = {}
         if self._holdings.hybrids or self._lookaheads:
             real, lower = _engine_answers(self._holdings, self._lookaheads, request, answer)
