@@ -77,34 +77,23 @@ pair_hash(Py_hash_t parent_hash, Py_hash_t content_hash)
 /* hash(item), for a token id without the two calls PyObject_Hash makes: an int below 2**30 in
    magnitude (one digit, as every token id is) is its own hash, -1 made -2 (long_hash in
    Objects/longobject.c); any other object asks PyObject_Hash. */
-static inline int
-small_int_hash(PyObject *item, Py_hash_t *hash)
-{
-    if (!PyLong_CheckExact(item)) {
-        return 0;
-    }
-#if PY_VERSION_HEX >= 0x030C0000
-    if (!PyUnstable_Long_IsCompact((PyLongObject *)item)) {
-        return 0;
-    }
-    Py_ssize_t value = PyUnstable_Long_CompactValue((PyLongObject *)item);
-    *hash = value == -1 ? -2 : (Py_hash_t)value;
-    return 1;
-#else
-    Py_ssize_t digits = Py_SIZE(item);
-    if (digits != 0 && digits != 1) {
-        return 0;
-    }
-    *hash = digits ? (Py_hash_t)((PyLongObject *)item)->ob_digit[0] : 0;
-    return 1;
-#endif
-}
-
 static inline Py_hash_t
 token_hash(PyObject *item)
 {
-    Py_hash_t hash;
-    return small_int_hash(item, &hash) ? hash : PyObject_Hash(item);
+    if (PyLong_CheckExact(item)) {
+#if PY_VERSION_HEX >= 0x030C0000
+        if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+            Py_ssize_t value = PyUnstable_Long_CompactValue((PyLongObject *)item);
+            return value == -1 ? -2 : (Py_hash_t)value;
+        }
+#else
+        Py_ssize_t digits = Py_SIZE(item);
+        if (digits == 0 || digits == 1) {
+            return digits ? (Py_hash_t)((PyLongObject *)item)->ob_digit[0] : 0;
+        }
+#endif
+    }
+    return PyObject_Hash(item);
 }
 
 /* hash(tuple(items[0:size])) without the tuple; -1 with an exception set if an item has none. */
@@ -1666,32 +1655,6 @@ holders_of(PyObject *real, PyObject *predicted, PyObject *key, PyObject *zero)
 
 #define AHEAD 8 /* blocks keyed ahead of the one looked up */
 
-/* The content hashes of `count` (at most AHEAD) consecutive blocks into hashes[], their
-   rounds interleaved: a block's rounds are one chain of multiplies, so the CPU runs several
-   blocks' chains side by side. 0 where a token id is not a one-digit int: the caller then
-   hashes the blocks one at a time, as items_hash does, errors included. */
-static int
-contents_hash(PyObject **items, Py_ssize_t size, Py_ssize_t count, Py_hash_t *hashes)
-{
-    Py_uhash_t acc[AHEAD];
-    for (Py_ssize_t k = 0; k < count; k++) {
-        acc[k] = XXPRIME_5;
-    }
-    for (Py_ssize_t i = 0; i < size; i++) {
-        for (Py_ssize_t k = 0; k < count; k++) {
-            Py_hash_t item_hash;
-            if (!small_int_hash(items[k * size + i], &item_hash)) {
-                return 0;
-            }
-            acc[k] = tuple_round(acc[k], (Py_uhash_t)item_hash);
-        }
-    }
-    for (Py_ssize_t k = 0; k < count; k++) {
-        hashes[k] = tuple_end(acc[k], size);
-    }
-    return 1;
-}
-
 /* Where the workers holding every block so far change: at `depth`, `held` hold it. At most
    66 of them: the first block's, one for each of 64 workers dropping out, and the block that
    no worker holds. */
@@ -1715,17 +1678,12 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t bloc
 {
     Py_ssize_t found = 0;
     uint64_t active = ~(uint64_t)0;
-    Py_hash_t ahead[AHEAD], contents[AHEAD];
+    Py_hash_t ahead[AHEAD];
     for (Py_ssize_t start = 0; start < blocks; start += AHEAD) {
         Py_ssize_t count = blocks - start < AHEAD ? blocks - start : AHEAD, made = 0;
         PyObject *type = NULL, *value = NULL, *traceback = NULL; /* an error ahead, kept */
-        int hashed = contents_hash(items + start * size, size, count, contents);
         for (; made < count; made++) {
-            if (hashed) {
-                ahead[made] = pair_hash(parent_hash, contents[made]);
-                parent_hash = int_hash(ahead[made]);
-            } else if (next_key(&parent_hash, items + (start + made) * size, size,
-                                &ahead[made]) < 0) {
+            if (next_key(&parent_hash, items + (start + made) * size, size, &ahead[made]) < 0) {
                 PyErr_Fetch(&type, &value, &traceback); /* raised only if the walk gets there */
                 break;
             }
