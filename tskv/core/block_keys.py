@@ -64,6 +64,9 @@ def root_key(lora_name: str | None, cache_salt: str | None = None) -> int:
     return hash((_ROOT, stable(lora_name), stable(cache_salt)))
 
 
+PLAIN_ROOT = root_key(None)  # what a request or event naming no LoRA and no salt hangs from
+
+
 def int_tokens(tokens: Sequence[Any]) -> tuple[Sequence[int], bool]:
     """The token ids as ints (the sequence itself when they are; a string one as its digest),
     and whether there was a string among them. Typed Any: it runs for every event, and a

@@ -15,7 +15,7 @@ from typing import Any, cast
 import attrs
 
 from tskv.core import compiled
-from tskv.core.block_keys import chain, contents, identities, root_key
+from tskv.core.block_keys import PLAIN_ROOT, chain, contents, identities, root_key
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -31,7 +31,6 @@ from tskv.core.read_batch import CLEARED, REMOVED, ReadBatch, runs_of
 from tskv.core.tiers import UNTIERED, BlockId, BlockKeys, Tier, block_id, block_ids, tier_of
 
 FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
-ROOT = root_key(None)  # what an event naming no LoRA and no salt hangs from: a read event's
 
 
 @attrs.frozen
@@ -112,7 +111,7 @@ class Filing:
                 cleared = True
             else:
                 view.tier = UNTIERED  # as `needs_hybrid` notes a plain worker's first store
-                ids, keys, mismatched = core.read_run(steps, size, view.blocks, ROOT)
+                ids, keys, mismatched = core.read_run(steps, size, view.blocks, PLAIN_ROOT)
                 if not add_new(view.blocks, ids, keys):  # nothing changed: filed from events
                     rest = self.apply(worker, batch.events[start:])
                     return Filed(cleared or rest.cleared, rest.strings, rest.lookahead)

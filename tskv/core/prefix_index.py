@@ -23,6 +23,7 @@ import attrs
 from tskv.core import compiled
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.block_keys import (
+    PLAIN_ROOT,
     block_identity,
     blocks_of,
     chain,
@@ -47,7 +48,6 @@ from tskv.core.read_batch import ReadBatch
 from tskv.core.worker_view import Changes, ViewChange, WorkerView
 
 MAX_PREDICTED = MAX_ENTRIES
-PLAIN_ROOT = root_key(None, None)  # what most requests' chains hang from: made once
 
 
 class Match(dict[Worker, int]):
@@ -465,8 +465,8 @@ class PrefixIndex:
         if self._strings:
             token_ids, _ = int_tokens(token_ids)
         if extra_keys is None and mm_keys is None:
-            ask = (token_ids, lora_name, cache_salt)
-            usual = _usual_match(self._holdings, self._lookaheads, self._stale, *ask)
+            holdings, lookaheads, stale = self._holdings, self._lookaheads, self._stale
+            usual = _usual_match(holdings, lookaheads, stale, token_ids, lora_name, cache_salt)
             if usual is not None:
                 return usual
         size = self.block_size
