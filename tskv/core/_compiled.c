@@ -229,7 +229,14 @@ next_slot(size_t i, size_t capacity)
 }
 
 #if defined(__GNUC__) || defined(__clang__)
-#define PREFETCH(address) __builtin_prefetch(address)
+/* The empty asm takes the address as an input, so a loop that only prefetches has an effect the
+   compiler must keep: GCC 12 at -O3 removed such loops whole (fetch_ahead's first keys of a
+   batch), and a 40-key batch of new keys took 112-116 ns a key to store instead of 58-66. */
+#define PREFETCH(address)                                                                      \
+    do {                                                                                       \
+        __builtin_prefetch(address);                                                           \
+        __asm__ __volatile__("" : : "r"(address));                                             \
+    } while (0)
 #define LOWEST_BIT(mask) ((Py_ssize_t)__builtin_ctzll(mask))
 #else
 #define PREFETCH(address) ((void)(address))
