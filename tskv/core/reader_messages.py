@@ -201,7 +201,8 @@ def _figures_in(value: Any) -> WorkerFigures:
         and type(silent) is bool
         and type(stale) is bool
     ):
-        raise _refused("figures: counts of 0 or more, last_error, last_seq, silent and stale", value)
+        what = "figures: counts of 0 or more, last_error, last_seq, silent and stale"
+        raise _refused(what, value)
     return WorkerFigures(batches, losses, failures, last_error, last_seq, silent, stale)
 
 
