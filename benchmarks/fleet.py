@@ -7,6 +7,8 @@ subscribers, which only receive, show what a subscriber costs the publishers the
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import tempfile
 import time
 from contextlib import ExitStack
@@ -141,19 +143,22 @@ def _router(
                 now = [rss(reader.pid) for reader in watcher.readers]
                 grown = sum(now) - sum(readers_memory)
                 result["reader_bytes"] = grown / len(index) if watcher.readers else None
-            async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as nursery, _Requests(cached) as requests:
                 queries = _Queries()
                 if cached:  # first the stream alone: what waking for the queries adds shows
                     alone = _cpu(watcher, len(endpoints))
                     await trio.sleep(STEADY / 2)
                     applied = _per_batch(watcher, len(endpoints), alone, 0.0)
                     result["alone_cpu_us"] = applied["cpu_us"]
+                    await requests.accept()
                 before = _cpu(watcher, len(endpoints))
                 if cached:
-                    nursery.start_soon(_ask, index, watcher, queries)
+                    nursery.start_soon(_answer, index, watcher, queries, requests)
                     await trio.sleep(STEADY)
                     result.update(_per_batch(watcher, len(endpoints), before, queries.cpu))
                     conn.send("measured")
+                    added = (result["cpu_us"] - result["alone_cpu_us"]) * result["batches"]
+                    result["request_us"] = added / max(len(queries.waits), 1)
                 wanted = await trio.to_thread.run_sync(conn.recv)
                 with trio.move_on_after(30):
                     for rank, last in enumerate(wanted):
@@ -203,7 +208,7 @@ def _per_batch(
     watcher: Watcher, workers: int, before: tuple[float, float, int], queries: float
 ) -> dict[str, float]:
     """CPU per batch applied since `before`: the index's process, less `queries` (the CPU
-    seconds of the bench's own queries in it), and with the readers."""
+    seconds of the bench's own queries in it), and with the readers; and how many batches."""
     cpu, readers, batches = _cpu(watcher, workers)
     applied = max(batches - before[2], 1)
     index = cpu - before[0] - queries
@@ -211,6 +216,7 @@ def _per_batch(
         "cpu_us": index / applied * 1e6,
         "total_cpu_us": (index + readers - before[1]) / applied * 1e6,
         "queries_cpu_us": queries / applied * 1e6,
+        "batches": applied,
     }
 
 
@@ -227,21 +233,81 @@ class _Queries:
     def __init__(self) -> None:
         # blocks held -> (wall, CPU) µs of each match
         self.latencies: dict[int, tuple[list[float], list[float]]] = {40: ([], []), 4: ([], [])}
-        self.waits: list[float] = []  # µs each began late
+        self.waits: list[float] = []  # µs each request waited for the router's loop
         self.cpu = 0.0  # s
 
 
-async def _ask(index: PrefixIndex, watcher: Watcher, queries: _Queries) -> None:
-    """Match a 2,000-token prompt every millisecond, by turns one whose first 40 blocks a worker
-    holds (a recent round's chain of worker 0: its 10 events share their 64 token ids) and one
-    whose first 4 are held, then tokens no one holds. Wall time, and this thread's CPU time
-    (the match's own cost, without the moments the OS ran another process instead); and how
-    late each query began, as a request would wait for the router's loop (the OS's other
-    processes included)."""
-    due = trio.current_time()
-    latencies = queries.latencies
-    while True:
-        for cached in latencies:
+_REQUEST = struct.Struct("d")  # a request: the time.monotonic() it was sent at
+
+
+def _requester(path: str, conn: Connection) -> None:
+    """A router's clients: a request every millisecond on the Unix socket at `path` (late ones
+    are not made up for), from when told "go" until told "stop" or the router closes its end."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        conn.send("connected")
+        if conn.recv() != "go":
+            return
+        due = time.monotonic()
+        while not conn.poll(0):
+            due = max(due + 0.001, time.monotonic())
+            time.sleep(max(due - time.monotonic(), 0))
+            try:
+                sock.sendall(_REQUEST.pack(time.monotonic()))
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the router is done
+
+
+class _Requests:
+    """With a cache, a `_requester` process and the router's end of its socket."""
+
+    def __init__(self, cached: int) -> None:
+        self._cached = cached
+        self._stack = ExitStack()
+        self.sock: trio.socket.SocketType | None = None
+
+    async def __aenter__(self) -> _Requests:
+        if self._cached:
+            folder = self._stack.enter_context(tempfile.TemporaryDirectory())
+            self._listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await self._listener.bind(f"{folder}/requests")
+            self._listener.listen(1)
+            self._conn = self._stack.enter_context(child(_requester, f"{folder}/requests"))
+        return self
+
+    async def accept(self) -> None:
+        """The requester connected; it sends from now on."""
+        self.sock, _ = await self._listener.accept()
+        await trio.to_thread.run_sync(self._conn.recv)
+        self._conn.send("go")
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._cached:
+            self._conn.send("stop")
+            self._listener.close()
+            if self.sock is not None:
+                self.sock.close()
+        self._stack.close()
+
+
+async def _answer(
+    index: PrefixIndex, watcher: Watcher, queries: _Queries, requests: _Requests
+) -> None:
+    """Answer each request by matching a 2,000-token prompt, by turns one whose first 40
+    blocks a worker holds (a recent round's chain of worker 0: its 10 events share their 64
+    token ids) and one whose first 4 are held, then tokens no one holds; every request waiting
+    is answered in one wakeup, as a router should. Wall time, and this thread's CPU time (the
+    match's own cost, without the moments the OS ran another process instead); and how long
+    each request waited for the router's loop (the OS's other processes included)."""
+    assert requests.sock is not None
+    latencies, turn, pending = queries.latencies, 0, b""
+    while data := await requests.sock.recv(1 << 16):
+        pending += data
+        whole = len(pending) - len(pending) % _REQUEST.size
+        for (sent,) in _REQUEST.iter_unpack(pending[:whole]):
+            queries.waits.append((time.monotonic() - sent) * 1e6)
+            cached = (40, 4)[turn % 2]
+            turn += 1
             made = time.thread_time()
             recent = max((watcher.status(0).last_seq or 0) - 10, 0) * blocks_per_round("small")
             chain = (list(range(1000 + recent, 1000 + recent + 64)) * 10)[: cached * BLOCK]
@@ -251,24 +317,7 @@ async def _ask(index: PrefixIndex, watcher: Watcher, queries: _Queries) -> None:
             latencies[cached][0].append((time.perf_counter() - began) * 1e6)
             latencies[cached][1].append((time.thread_time() - cpu) * 1e6)
             queries.cpu += time.thread_time() - made
-            due = max(due + 0.001, trio.current_time())  # late ones are not made up for
-            await trio.sleep_until(due)
-            queries.waits.append((trio.current_time() - due) * 1e6)
-
-
-def timer_wakeup(conn: Connection) -> None:
-    """CPU µs a Trio loop spends on each wakeup of a task sleeping 1 ms at a time, as the
-    bench's queries do (nothing else runs): what their pacing adds to the index's process."""
-
-    async def main() -> None:
-        wakeups, cpu = 3_000, time.process_time()
-        due = trio.current_time()
-        for _ in range(wakeups):
-            due += 0.001
-            await trio.sleep_until(due)
-        conn.send((time.process_time() - cpu) / wakeups * 1e6)
-
-    trio.run(main)
+        pending = pending[whole:]
 
 
 def _bare_subscriber(endpoints: list[tuple[str, str]], conn: Connection) -> None:

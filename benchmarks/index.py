@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from benchmarks.fleet import PROMPT, STEADY, subscriber_cost, timer_wakeup, watch_scale
+from benchmarks.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
 from benchmarks.processes import in_fresh_process, percentile
 from benchmarks.rounds import BLOCK, blocks_per_round, churn_maker
 from tskv.core import compiled
@@ -351,14 +351,13 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "64 workers × 50,000 cached blocks (3.2M, each worker its own content), publishing "
         "small rounds throughout (from before the routers subscribe until each has measured its "
         f"CPU per batch for {STEADY:.0f} s once every worker is current), 2 reader processes; a "
-        "2,000-token prompt matched every millisecond (wall / CPU time of the matching thread; "
-        "the index process's CPU per batch leaves out what making and matching the prompts "
-        "took, not their wakeups: the same figure over the "
-        f"{STEADY / 2:.0f} s before the queries began is given apart; a Trio loop that only "
-        "sleeps 1 ms at a time spends "
-        f"{in_fresh_process(timer_wakeup):.0f} µs of CPU a wakeup here). The publishers' one "
-        "process stands in for 64 engines: its CPU from the routers subscribing to every "
-        "worker current is all 64 snapshots served "
+        "request every millisecond from a client process on a Unix socket, each answered by "
+        "matching a 2,000-token prompt (wall / CPU time of the matching thread; the index "
+        "process's CPU per batch leaves out what making and matching the prompts took, not "
+        "the loop's work of waking for and reading the requests: the same figure over the "
+        f"{STEADY / 2:.0f} s before the requests began is given apart, and the difference a "
+        "request). The publishers' one process stands in for 64 engines: its CPU from the "
+        "routers subscribing to every worker current is all 64 snapshots served "
         "and the rounds published meanwhile, on the router's machine here:\n"
     )
     out(
@@ -366,12 +365,12 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "index process | the publishers' process meanwhile | "
         "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
-        "a query's wait for the loop: p50 / p99 | "
+        "a request's wait for the loop: p50 / p99 | "
         "index process memory a block | readers' | CPU per batch once current: index process "
-        "with no queries; with queries, and with readers | "
+        "with no requests; with requests, and with readers | the loop's CPU a request | "
         "wrong views / losses at the end |"
     )
-    out("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for rate in (50, 5):
         run = watch_scale(64, processes=2, rate=rate, seconds=5, cached=50_000)
         matches = [
@@ -386,7 +385,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
             f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | {waited} | "
             f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | "
             f"{run['alone_cpu_us']:.0f} µs; {run['cpu_us']:.0f} µs, "
-            f"{run['total_cpu_us']:.0f} µs | {run['wrong_views']} / {run['losses']} |"
+            f"{run['total_cpu_us']:.0f} µs | {run['request_us']:.0f} µs | "
+            f"{run['wrong_views']} / {run['losses']} |"
         )
 
 
