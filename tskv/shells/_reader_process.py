@@ -194,6 +194,7 @@ class Reader:
         pacer = Pacer()
         reader = FrameReader()
         while chunk := await stdout.receive_some(1 << 20):
+            pacer.waited()  # other tasks ran while it was read: the next report need not yield
             for frame_news in news(reader.feed(chunk)):
                 await self._take(frame_news, pacer)
 
