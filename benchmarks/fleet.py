@@ -237,7 +237,8 @@ class _Queries:
         self.cpu = 0.0  # s
 
 
-_REQUEST = struct.Struct("d")  # a request: the time.monotonic() it was sent at
+_REQUEST = struct.Struct("d")  # a request: the time.monotonic() it was sent at (one clock
+# for every process of the machine)
 
 
 def _requester(path: str, conn: Connection) -> None:
@@ -277,7 +278,8 @@ class _Requests:
 
     async def accept(self) -> None:
         """The requester connected; it sends from now on."""
-        self.sock, _ = await self._listener.accept()
+        with trio.fail_after(30):  # a requester that never came fails the run
+            self.sock, _ = await self._listener.accept()
         await trio.to_thread.run_sync(self._conn.recv)
         self._conn.send("go")
 
