@@ -239,6 +239,7 @@ _SHAPES = {
     "hashes": 3,
     "news": 5,
 }
+_REPORT_FIELDS = _SHAPES["report"]
 
 
 def _report_in(value: Any) -> Report:
@@ -303,7 +304,7 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
     _check(_int(dropped_losses) and _int(dropped_logs), "news' dropped counts", value)
     parsed: list[Report | LogLine | Hashes] = []
     for item in items:
-        if type(item) is list and len(item) == 9 and item[0] == "report":  # nearly every one
+        if type(item) is list and len(item) == _REPORT_FIELDS and item[0] == "report":  # most
             parsed.append(_report_in(item))
             continue
         message = _parsed(item)
