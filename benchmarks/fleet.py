@@ -143,7 +143,8 @@ def _router(
                 now = [rss(reader.pid) for reader in watcher.readers]
                 grown = sum(now) - sum(readers_memory)
                 result["reader_bytes"] = grown / len(index) if watcher.readers else None
-            async with trio.open_nursery() as nursery, _Requests(cached) as requests:
+            # the nursery inside: its tasks are done before the requests' socket is closed
+            async with _Requests(cached) as requests, trio.open_nursery() as nursery:
                 queries = _Queries()
                 if cached:  # first the stream alone: what waking for the queries adds shows
                     alone = _cpu(watcher, len(endpoints))
