@@ -140,6 +140,73 @@ async def test_a_socket_that_fails_ends_its_own_subscriber_with_the_error() -> N
         nursery.cancel_scope.cancel()
 
 
+async def test_messages_for_a_waiting_subscriber_are_delivered_by_the_pump_itself() -> None:
+    """A watcher's follower parked on an empty inbox would be woken for each batch: the pump
+    hands the messages to the feed's `inline` instead. What inline leaves undone wakes the
+    subscriber with an empty item; what it declines, and anything for a subscriber that is
+    not waiting, goes to the inbox as ever, in order."""
+    pump = LivePump()
+    async with pairs(1) as sockets, trio.open_nursery() as nursery:
+        nursery.start_soon(pump.run)
+        ((sending, receiving),) = sockets
+        feed = pump.add(receiving, trio.open_memory_channel[Inbound](4), Clock())
+        taken: list[bytes] = []
+        answers: list[bool | None] = [True]  # what inline says next
+
+        def inline(messages: list[list[bytes]]) -> bool | None:
+            if answers[0] is not None:
+                taken.extend(message[0] for message in messages)
+            return answers[0]
+
+        feed.inline = inline
+        sending.send(b"queued")  # no one waits on the inbox: it goes there
+        await trio.testing.wait_all_tasks_blocked()
+        assert not taken
+        item = await feed.receive()
+        assert isinstance(item, Live) and item.messages == [[b"queued"]]
+
+        async def receive_one(into: list[Inbound]) -> None:
+            into.append(await feed.receive())
+
+        for answer, sent, woken in [
+            (True, b"inline", []),
+            (False, b"left", [Live([])]),
+            (None, b"declined", [Live([[b"declined"]])]),
+        ]:
+            answers[0] = answer
+            got: list[Inbound] = []
+            async with trio.open_nursery() as waiting:
+                waiting.start_soon(receive_one, got)
+                await trio.testing.wait_all_tasks_blocked()
+                sending.send(sent)
+                await trio.testing.wait_all_tasks_blocked()
+                if not woken:
+                    assert not got  # still waiting: the pump delivered it
+                    waiting.cancel_scope.cancel()
+            assert got == woken
+        assert taken == [b"inline", b"left"]
+        assert pump.messages == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failure_delivering_inline_ends_that_subscriber_with_it() -> None:
+    pump = LivePump()
+    async with pairs(1) as sockets, trio.open_nursery() as nursery:
+        nursery.start_soon(pump.run)
+        ((sending, receiving),) = sockets
+        feed = pump.add(receiving, trio.open_memory_channel[Inbound](4), Clock())
+
+        def inline(messages: list[list[bytes]]) -> bool | None:
+            raise RuntimeError("applying failed")
+
+        feed.inline = inline
+        sending.send(b"batch")
+        with trio.fail_after(10), pytest.raises(RuntimeError, match="applying failed"):
+            await feed.receive()  # waiting when it came: the pump's failure is its own
+        assert feed.failure is not None
+        nursery.cancel_scope.cancel()
+
+
 @asynccontextmanager
 async def pumping(
     count: int,

@@ -334,6 +334,9 @@ class _KeepingRecord:
     async def room(self) -> None:
         pass
 
+    def has_room(self) -> bool:
+        return True
+
     def applied(self, worker: Worker, seq: int, batch: tskv.KVEventBatch | ReadBatch) -> None:
         self.batch = batch
         self.got.set()

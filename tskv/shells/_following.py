@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import attrs
 import trio
 import zmq
 
@@ -21,7 +22,7 @@ from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.read_batch import ReadBatch, reader
 from tskv.shells._live_pump import LivePump
 from tskv.shells._snapshot_parts import SnapshotParts
-from tskv.shells.subscriber import subscribe
+from tskv.shells.subscriber import Inline, subscribe
 
 RETRY_BACKOFF = (0.5, 10.0)  # first and longest wait before a failed worker is tried again
 SNAPSHOTS_AT_ONCE = 4  # workers of one process bootstrapping from a snapshot at a time
@@ -68,6 +69,9 @@ class Record(Protocol):
     async def room(self) -> None:
         """Return when the record can take another batch (a reader's outbox may be full)."""
 
+    def has_room(self) -> bool:
+        """Whether `room` would return at once."""
+
     def applied(self, worker: Worker, seq: int, batch: KVEventBatch | ReadBatch) -> None: ...
 
     async def restored(self, worker: Worker, seq: int, snapshot: SnapshotParts) -> None:
@@ -85,6 +89,33 @@ class Record(Protocol):
     def resubscribed(self, worker: Worker) -> None: ...
 
 
+@attrs.frozen(eq=False)  # a turn is itself, for `Bootstraps`
+class _Turn:
+    """One subscription of a worker: its news goes to the record, and the first of it (a
+    batch, a loss, a silence) ends the worker's turn to bootstrap."""
+
+    record: Record
+    worker: Worker
+    bootstraps: Bootstraps
+
+    def lost(self, loss: Loss) -> None:
+        self.bootstraps.done(self)
+        self.record.lost(self.worker, loss)
+
+    def silence(self, silent: bool) -> None:
+        self.bootstraps.done(self)
+        self.record.silence(self.worker, silent)
+
+    def synced(self) -> None:
+        self.bootstraps.done(self)
+        self.record.synced(self.worker)
+
+    def applied(self, seq: int, batch: KVEventBatch | ReadBatch) -> None:
+        """A live batch the pump delivered in the follower's stead."""
+        self.bootstraps.done(self)
+        self.record.applied(self.worker, seq, batch)
+
+
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
 async def follow(
     record: Record,
@@ -100,26 +131,14 @@ async def follow(
     backoff = Backoff(*RETRY_BACKOFF)
     read = reader(record.index.block_size)  # plain batches filed without making their events
     while True:
-        turn = object()
-
-        def lost(loss: Loss, turn: object = turn) -> None:
-            bootstraps.done(turn)
-            record.lost(worker, loss)
-
-        def silence(silent: bool, turn: object = turn) -> None:
-            bootstraps.done(turn)
-            record.silence(worker, silent)
-
-        def synced(turn: object = turn) -> None:
-            bootstraps.done(turn)
-            record.synced(worker)
-
+        turn = _Turn(record, worker, bootstraps)
         try:
             if config.start_seq == "snapshot":
                 await bootstraps.take(turn, 2 * config.replay_timeout)
             async with subscribe(
-                endpoint, replay_endpoint, config, on_loss=lost, on_silence=silence,
-                on_synced=synced, context=context, pump=pump, read=read,
+                endpoint, replay_endpoint, config, on_loss=turn.lost, on_silence=turn.silence,
+                on_synced=turn.synced, context=context, pump=pump, read=read,
+                inline=None if pump is None else Inline(record.has_room, turn.applied),
             ) as sub:  # fmt: skip
                 while (delivery := await sub._next_delivery()) is not None:
                     bootstraps.done(turn)

@@ -29,6 +29,9 @@ class Listener(Protocol):
     async def room(self) -> None:
         """Return when another batch may be applied (the listener's queue is bounded)."""
 
+    def has_room(self) -> bool:
+        """Whether `room` would return at once."""
+
     def noted(
         self,
         worker: Worker,
@@ -66,6 +69,9 @@ class IndexRecord:
     async def room(self) -> None:
         if self._listener is not None:
             await self._listener.room()
+
+    def has_room(self) -> bool:
+        return self._listener is None or self._listener.has_room()
 
     def _tell(self, worker: Worker, changes: Changes) -> None:
         self.index.carry_out(worker, changes)

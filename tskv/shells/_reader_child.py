@@ -80,8 +80,11 @@ class Outbox:
         self._has_room = trio.lowlevel.ParkingLot()
 
     async def room(self) -> None:
-        while self._batches >= OUTBOX_BATCHES:
+        while not self.has_room():
             await self._has_room.park()
+
+    def has_room(self) -> bool:
+        return self._batches < OUTBOX_BATCHES
 
     def noted(
         self,

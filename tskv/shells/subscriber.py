@@ -1,10 +1,11 @@
 """The Trio subscriber: live batches in order, gaps repaired from replay, losses reported.
 
 Two tasks move bytes (one owns the SUB socket, one the DEALER replay socket) into one inbox
-(a watcher's subscribers share one task over all their SUB sockets, `_live_pump`);
-the consumer's own task feeds the inbox to the I/O-free `Sequencer` and delivers what it says,
-so a consumer that stops iterating makes the SUB fall behind, and ZeroMQ's high-water mark,
-not unbounded memory, takes the strain (the gap is then repaired from replay).
+(a watcher's subscribers share one task over all their SUB sockets, `_live_pump`, which
+also does a waiting follower's part for a live batch); the consumer's own task feeds the inbox
+to the I/O-free `Sequencer` and delivers what it says, so a consumer that stops iterating makes
+the SUB fall behind, and ZeroMQ's high-water mark, not unbounded memory, takes the strain (the
+gap is then repaired from replay).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal, final
+from functools import partial
+from typing import Literal, cast, final
 
 import attrs
 import trio
@@ -60,16 +62,12 @@ from tskv.shells._ratelimit import LogLimiter
 from tskv.shells._reachability import warn_if_unanswered
 from tskv.shells._replay_client import ReplayClient
 from tskv.shells._snapshot_parts import SnapshotParts
-from tskv.shells._trio_zmq import TrioSocket, attach
+from tskv.shells._subscriber_sockets import open_sub, replay_client
 from tskv.shells._unknown_events import UnknownEvents
 
 logger = logging.getLogger(__name__)
 
 INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST messages
-SERVER_HINT = (
-    "check that curve_server_key is this publisher's public key and that the publisher "
-    "allows this subscriber's key (or speaks clear text if you gave no key)"
-)
 
 
 @attrs.frozen
@@ -95,6 +93,15 @@ class SubscriberStatistics:
 
 
 Delivery = tuple[int, KVEventBatch | ReadBatch | SnapshotParts]  # a seq, and what came with it
+
+
+@attrs.frozen
+class Inline:
+    """A watcher's follower's own steps for a live batch, for the pump to take in its stead
+    (`Subscriber._deliver_now`): whether one more batch may be applied, and applying it."""
+
+    has_room: Callable[[], bool]
+    deliver: Callable[[int, KVEventBatch | ReadBatch], None]
 
 
 @final
@@ -202,20 +209,9 @@ class Subscriber(metaclass=NoPublicConstructor):
                     continue
                 if isinstance(item, DeliverSnapshot):
                     return item.seq, self._snapshot_parts(item)
-                # Decoded only now, one at a time: a burst decoded ahead would keep thousands
-                # of lists alive for the garbage collector to walk again and again.
-                unknown = SEEN.unknown_events
-                try:
-                    batch = self._read(item.payload)
-                except WireError as exc:
-                    self._undecodable += 1
-                    self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
-                    self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
+                batch = self._decoded(item)
+                if batch is None:
                     continue
-                if SEEN.unknown_events != unknown:
-                    self._unknown.note(item.seq, batch)
-                self._delivered += 1
-                self._repaired += item.repaired
                 if self._pacer.due():
                     await self._pacer.yield_now()
                 return item.seq, batch
@@ -231,6 +227,42 @@ class Subscriber(metaclass=NoPublicConstructor):
                 raise HandshakeError(inbound.message)
             else:
                 self._apply(self._feed(inbound))
+
+    def _decoded(self, item: Deliver) -> KVEventBatch | ReadBatch | None:
+        """The batch `item` carries, counted; None if it does not decode (reported lost).
+        Decoded only when delivered, one at a time: a burst decoded ahead would keep thousands
+        of lists alive for the garbage collector to walk again and again."""
+        unknown = SEEN.unknown_events
+        try:
+            batch = self._read(item.payload)
+        except WireError as exc:
+            self._undecodable += 1
+            self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
+            self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
+            return None
+        if SEEN.unknown_events != unknown:
+            self._unknown.note(item.seq, batch)
+        self._delivered += 1
+        self._repaired += item.repaired
+        return batch
+
+    def _deliver_now(self, inline: Inline, messages: list[list[bytes]]) -> bool | None:
+        """The pump's way in, for a watcher's follower parked on an empty inbox: live
+        `messages` sequenced and their batches handed to `inline.deliver` here and now, where
+        the follower would have been woken to do the same (a task switch a batch). False
+        when something is left for the follower (news other than a batch, or no room): the
+        pump wakes it. None, doing nothing, when there is no room to begin with."""
+        if not inline.has_room():
+            return None
+        for message in messages:
+            self._apply(self._take_live(message))
+        ready = self._ready
+        while ready and type(ready[0]) is Deliver and inline.has_room():
+            item = cast(Deliver, ready.popleft())
+            batch = self._decoded(item)
+            if batch is not None:
+                inline.deliver(item.seq, batch)
+        return not ready
 
     def _snapshot_parts(self, item: DeliverSnapshot) -> SnapshotParts:
         """The snapshot's parts; once the last decodes, the batches it replaces are reported
@@ -290,14 +322,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             if isinstance(action, (Deliver, DeliverSnapshot, Loss, Silence, Synced)):
                 self._ready.append(action)
             elif isinstance(action, SnapshotTooLarge):
-                logger.warning(
-                    "the snapshot from %s is over max_snapshot_bytes = %d (%d bytes so far): "
-                    "given up, and no more are asked for (what they would restore is reported "
-                    "lost); raise max_snapshot_bytes if the publisher's cache is that large",
-                    self.endpoint,
-                    self.config.max_snapshot_bytes,
-                    action.size,
-                )
+                _log_too_large(self.endpoint, self.config.max_snapshot_bytes, action.size)
             else:
                 self._replay_requests += 1
                 self._probes += isinstance(action, RequestReplay) and action.probe
@@ -306,19 +331,8 @@ class Subscriber(metaclass=NoPublicConstructor):
                 self._requests.send_nowait(action)  # unbounded: at most one per gap or quiet
 
     def _report_silence(self, silence: Silence) -> None:
-        if silence.silent:
-            self._silences += 1
-            logger.warning(
-                "the publisher on %s %s %s: it may be gone (its view is not to be trusted "
-                "until it answers again)",
-                self.endpoint,
-                "dropped its connection" if silence.disconnected else "did not answer a probe",
-                "before its first batch"
-                if silence.last_seq is None
-                else f"after seq {silence.last_seq}",
-            )
-        else:
-            logger.warning("the publisher on %s answers again", self.endpoint)
+        self._silences += silence.silent
+        _log_silence(self.endpoint, silence)
         if self._on_silence is not None:
             self._on_silence(silence.silent)
 
@@ -327,6 +341,30 @@ class Subscriber(metaclass=NoPublicConstructor):
         logger.warning("%s (%s)", loss.describe(), self.endpoint)
         if self._on_loss is not None:
             self._on_loss(loss)
+
+
+def _log_too_large(endpoint: str, limit: int, size: int) -> None:
+    logger.warning(
+        "the snapshot from %s is over max_snapshot_bytes = %d (%d bytes so far): given up, and "
+        "no more are asked for (what they would restore is reported lost); raise "
+        "max_snapshot_bytes if the publisher's cache is that large",
+        endpoint,
+        limit,
+        size,
+    )
+
+
+def _log_silence(endpoint: str, silence: Silence) -> None:
+    if not silence.silent:
+        logger.warning("the publisher on %s answers again", endpoint)
+        return
+    logger.warning(
+        "the publisher on %s %s %s: it may be gone (its view is not to be trusted until it "
+        "answers again)",
+        endpoint,
+        "dropped its connection" if silence.disconnected else "did not answer a probe",
+        "before its first batch" if silence.last_seq is None else f"after seq {silence.last_seq}",
+    )
 
 
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code, not here
@@ -441,25 +479,25 @@ async def subscribe(
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     pump: LivePump | None = None,
     read: Reader = decode_batch,
+    inline: Inline | None = None,
 ) -> AsyncIterator[Subscriber]:
     """`open_subscriber` with its settings already made into a `SubscriberConfig` (the
     watcher gives every worker's subscriber one). `on_synced()` is called when the stream,
     read from its start, turns out to hold nothing (the publisher's cache is empty). With a
     `pump` (a watcher's), the SUB socket is read there with the other workers' sockets;
-    `read` decodes its payloads (a watcher's: `read_batch.reader`)."""
+    `read` decodes its payloads (a watcher's: `read_batch.reader`), and `inline` lets the pump
+    apply a live batch itself while the follower waits with nothing queued."""
     check_endpoint(endpoint)
     if replay_endpoint is not None:
         check_endpoint(replay_endpoint)
     security = None
     if config.curve_server_key is not None:
         security = ClientSecurity.from_files(config.curve_server_key, config.curve_secret_key)
-    has_replay = replay_endpoint is not None
-    sequencer = _sequencer(config, has_replay)
-    first_actions = sequencer.start()
+    sequencer = _sequencer(config, replay_endpoint is not None)
     context = context or zmq.Context.instance()
     binds = should_bind(endpoint, subscriber=True)
     inbox_send, inbox_receive = trio.open_memory_channel[Inbound](INBOX_SIZE)
-    sub, monitor, address = _open_sub(context, endpoint, binds, config, security, inbox_send)
+    sub, monitor, address = open_sub(context, endpoint, binds, config, security, inbox_send)
     requests_send, requests_receive = trio.open_memory_channel[Request](math.inf)
     replay: ReplayClient | None = None
     live = Clock()
@@ -468,12 +506,14 @@ async def subscribe(
         if pump is not None:
             feed = pump.add(sub, (inbox_send, inbox_receive), live)
         if replay_endpoint is not None:
-            replay = _replay_client(context, replay_endpoint, config, inbox_send, security)
+            replay = replay_client(context, replay_endpoint, config, inbox_send, security)
         subscriber = Subscriber._create(
             config, sequencer, feed or inbox_receive, requests_send, on_loss, address, [monitor],
             replay, on_silence, on_synced, read,
         )  # fmt: skip
-        subscriber._apply(first_actions)
+        subscriber._apply(sequencer.start())
+        if feed is not None and inline is not None:
+            feed.inline = partial(subscriber._deliver_now, inline)
         async with background_tasks() as nursery:
             nursery.start_soon(monitor.run)
             if not binds:
@@ -503,57 +543,4 @@ def _sequencer(config: SubscriberConfig, has_replay: bool) -> Sequencer:
         snapshots=config.snapshots,
         max_held=config.max_held,
         max_snapshot_bytes=config.max_snapshot_bytes,
-    )
-
-
-def _open_sub(
-    context: zmq.Context[zmq.Socket[bytes]],
-    endpoint: str,
-    binds: bool,
-    config: SubscriberConfig,
-    security: ClientSecurity | None,
-    inbox: trio.MemorySendChannel[Inbound],
-) -> tuple[TrioSocket, SocketMonitor, str]:
-    """The SUB socket, subscribed and attached, with its monitor and its real address."""
-    sock = context.socket(zmq.SUB)
-    try:
-        sock.setsockopt(zmq.RCVHWM, config.hwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
-        sock.setsockopt(zmq.SUBSCRIBE, config.topic.encode())
-        if security is not None:
-            security.apply(sock)
-        monitor = SocketMonitor(
-            sock,
-            f"subscriber {endpoint}",
-            SERVER_HINT,
-            reattach=None if binds else endpoint,  # a publisher that connects retries itself
-            dropped_hint=f"a batch over max_message_bytes = {config.max_message_bytes} does "
-            "this, or a peer that does not speak ZeroMQ",
-            inbox=None if binds else inbox,  # a bound SUB's peers come and go on their own
-        )
-        address = attach(sock, endpoint, bind=binds)
-    except BaseException:
-        sock.close(linger=0)
-        raise
-    return TrioSocket(sock), monitor, address
-
-
-def _replay_client(
-    context: zmq.Context[zmq.Socket[bytes]],
-    endpoint: str,
-    config: SubscriberConfig,
-    inbox: trio.MemorySendChannel[Inbound],
-    security: ClientSecurity | None,
-) -> ReplayClient:
-    timeout = config.replay_timeout
-    probe_timeout = min(timeout, config.quiet_interval or timeout)  # a probe waits one interval
-    return ReplayClient(
-        context,
-        endpoint,
-        timeout,
-        inbox,
-        security,
-        probe_timeout,
-        config.topic.encode(),
-        config.max_message_bytes,
     )
