@@ -98,6 +98,12 @@ class Outbox:
         assert isinstance(worker, int)  # a reader's watcher names its workers by their slots
         entry = self._open.get(worker)
         if entry is None:
+            if batch and loss is None and failure is None:  # a batch and nothing else: most
+                self._sealed.append(self._report(worker, _Open(figures)))
+                self._batches += 1
+                if self._has_news:  # most batches find the sender waiting on its timer
+                    self._has_news.unpark_all()
+                return
             entry = self._open[worker] = _Open(figures)
         entry.figures = figures
         if loss is not None:
@@ -109,7 +115,7 @@ class Outbox:
         if failure is not None:
             entry.failure = failure  # failures come a backoff apart: the latest is the news
         if batch:  # its own report: the index's process applies one at a time, between queries
-            self._sealed.append(self._report(worker))
+            self._sealed.append(self._report(worker, self._open.pop(worker)))
             self._batches += 1
         self._has_news.unpark_all()
 
@@ -119,8 +125,7 @@ class Outbox:
         self.noted(worker, figures, batch=True)
         await self.room()
 
-    def _report(self, slot: int) -> Report:
-        entry = self._open.pop(slot)
+    def _report(self, slot: int, entry: _Open) -> Report:
         runs, ops = self._index.take_changes(slot)
         strings, lookahead = self._index.seen_strings, self._index.lookahead(slot)
         return Report(
@@ -158,7 +163,8 @@ class Outbox:
 
     def _news(self) -> News:
         """Everything queued, as one frame, and the queue emptied."""
-        reports = self._sealed + [self._report(slot) for slot in list(self._open)]
+        reports = self._sealed + [self._report(slot, entry) for slot, entry in self._open.items()]
+        self._open = {}
         items: list[Report | LogLine | Hashes] = [*reports, *self._logs, *self._answers]
         made = News(time.process_time(), items, self._dropped_losses, self._dropped_logs)
         self._sealed, self._logs, self._answers = [], [], []
