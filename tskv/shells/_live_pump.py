@@ -17,13 +17,12 @@ it comes, a wakeup each: a timer pass would most often find nothing, and cost on
 
 A watcher's follower that waits on an empty inbox is not woken for its messages: the feed's
 `inline` (`Subscriber._deliver_now`) sequences them and applies their batches in the pump's pass,
-as the follower would have, one task switch less a batch (in a reader process at 64 workers,
-the router's CPU a batch went from 139-146 µs to 133-136); such a pass lets other tasks run
-every 0.5 ms (`Pacer`). Otherwise each socket's messages go to its subscriber's inbox as one
-`Live` item, never waiting: when the inbox is full, they are kept aside and the socket is taken
-out of the set (its fd would otherwise signal on every pass) until the subscriber takes an item
-from its `Feed`. Linux only (`select.epoll`); elsewhere, and for a lone subscriber, each socket
-has its own reader task.
+as the follower would have, one task switch less a batch (about a twentieth of a reader's CPU
+at 64 workers); such a pass lets other tasks run every 0.5 ms (`Pacer`). Otherwise each
+socket's messages go to its subscriber's inbox as one `Live` item, never waiting: when the inbox
+is full, they are kept aside and the socket is taken out of the set (its fd would otherwise
+signal on every pass) until the subscriber takes an item from its `Feed`. Linux only
+(`select.epoll`); elsewhere, and for a lone subscriber, each socket has its own reader task.
 """
 
 from __future__ import annotations
