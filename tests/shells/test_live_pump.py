@@ -48,6 +48,18 @@ async def collect(feed: Feed, count: int, into: list[bytes]) -> None:
         into.extend(message[0] for message in item.messages)
 
 
+@asynccontextmanager
+async def one_feed(size: int) -> AsyncIterator[tuple[LivePump, zmq.Socket[bytes], Feed]]:
+    """A running pump over one PAIR into an inbox of `size`: (the pump, the sending end, its
+    feed)."""
+    pump = LivePump()
+    async with pairs(1) as sockets, trio.open_nursery() as nursery:
+        nursery.start_soon(pump.run)
+        ((sending, receiving),) = sockets
+        yield pump, sending, pump.add(receiving, trio.open_memory_channel[Inbound](size), Clock())
+        nursery.cancel_scope.cancel()
+
+
 async def test_one_task_moves_every_sockets_messages_in_order_several_a_wakeup() -> None:
     pump = LivePump()
     async with pairs(8) as sockets, trio.open_nursery() as nursery:
@@ -73,11 +85,7 @@ async def test_one_task_moves_every_sockets_messages_in_order_several_a_wakeup()
 
 
 async def test_a_full_inbox_holds_its_socket_back_without_spinning_or_losing() -> None:
-    pump = LivePump()
-    async with pairs(1) as sockets, trio.open_nursery() as nursery:
-        nursery.start_soon(pump.run)
-        ((sending, receiving),) = sockets
-        feed = pump.add(receiving, trio.open_memory_channel[Inbound](1), Clock())
+    async with one_feed(1) as (_, sending, feed):
         got: list[bytes] = []
         for index in range(1_000):
             sending.send(b"%d" % index)
@@ -87,7 +95,6 @@ async def test_a_full_inbox_holds_its_socket_back_without_spinning_or_losing() -
                 assert feed.held
         with trio.fail_after(10):
             await collect(feed, 1_000, got)
-        nursery.cancel_scope.cancel()
     assert got == [b"%d" % index for index in range(1_000)]
 
 
@@ -145,11 +152,7 @@ async def test_messages_for_a_waiting_subscriber_are_delivered_by_the_pump_itsel
     hands the messages to the feed's `inline` instead. What inline leaves undone wakes the
     subscriber with an empty item; what it declines, and anything for a subscriber that is
     not waiting, goes to the inbox as ever, in order."""
-    pump = LivePump()
-    async with pairs(1) as sockets, trio.open_nursery() as nursery:
-        nursery.start_soon(pump.run)
-        ((sending, receiving),) = sockets
-        feed = pump.add(receiving, trio.open_memory_channel[Inbound](4), Clock())
+    async with one_feed(4) as (pump, sending, feed):
         taken: list[bytes] = []
         answers: list[bool | None] = [True]  # what inline says next
 
@@ -186,15 +189,10 @@ async def test_messages_for_a_waiting_subscriber_are_delivered_by_the_pump_itsel
             assert got == woken
         assert taken == [b"inline", b"left"]
         assert pump.messages == 4
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_failure_delivering_inline_ends_that_subscriber_with_it() -> None:
-    pump = LivePump()
-    async with pairs(1) as sockets, trio.open_nursery() as nursery:
-        nursery.start_soon(pump.run)
-        ((sending, receiving),) = sockets
-        feed = pump.add(receiving, trio.open_memory_channel[Inbound](4), Clock())
+    async with one_feed(4) as (_, sending, feed):
 
         def inline(messages: list[list[bytes]]) -> bool | None:
             raise RuntimeError("applying failed")
@@ -204,7 +202,6 @@ async def test_a_failure_delivering_inline_ends_that_subscriber_with_it() -> Non
         with trio.fail_after(10), pytest.raises(RuntimeError, match="applying failed"):
             await feed.receive()  # waiting when it came: the pump's failure is its own
         assert feed.failure is not None
-        nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager
