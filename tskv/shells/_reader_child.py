@@ -96,15 +96,8 @@ class Outbox:
         failure: tuple[str, float] | None = None,
     ) -> None:
         assert isinstance(worker, int)  # a reader's watcher names its workers by their slots
-        entry = self._open.get(worker)
-        if entry is None:
-            if batch and loss is None and failure is None:  # a batch and nothing else: most
-                self._sealed.append(self._report(worker, _Open(figures)))
-                self._batches += 1
-                if self._has_news:  # most batches find the sender waiting on its timer
-                    self._has_news.unpark_all()
-                return
-            entry = self._open[worker] = _Open(figures)
+        # taken out: a batch seals it into a report, other news puts it back
+        entry = self._open.pop(worker, None) or _Open(figures)
         entry.figures = figures
         if loss is not None:
             if self._losses < MAX_LOSSES:
@@ -115,9 +108,12 @@ class Outbox:
         if failure is not None:
             entry.failure = failure  # failures come a backoff apart: the latest is the news
         if batch:  # its own report: the index's process applies one at a time, between queries
-            self._sealed.append(self._report(worker, self._open.pop(worker)))
+            self._sealed.append(self._report(worker, entry))
             self._batches += 1
-        self._has_news.unpark_all()
+        else:
+            self._open[worker] = entry
+        if self._has_news:  # most batches find the sender waiting on its timer, not here
+            self._has_news.unpark_all()
 
     async def part_noted(self, worker: Worker, figures: WorkerFigures) -> None:
         """A snapshot's part goes as its own report, so that the index's process mirrors the
