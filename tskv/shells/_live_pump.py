@@ -8,12 +8,13 @@ reader that fell behind) are taken together: on loopback with 32 workers in step
 a message with a task per socket, 27 with one pass.
 
 Messages that come one after another (workers publishing in turn, each a wakeup of its own: 40 µs
-of CPU a message in Trio here) are gathered: while they come less than GATHER apart (the time
-between them is tracked, half the last pass's and half what it was), the pump makes its next
-pass GATHER after the last, whatever signalled meanwhile, so that a pass takes one message or
-more; a pass that finds nothing puts it back on the sockets. A message waits at most GATHER
-for its pass, and messages further apart (a few workers, or a quiet stream) are each taken as
-it comes, a wakeup each: a timer pass would most often find nothing, and cost one more.
+of CPU a message in Trio here) are gathered: while they come less than `gather` apart (the
+time between them is tracked, half the last pass's and half what it was), the pump makes its
+next pass `gather` after the last, whatever signalled meanwhile, so that a pass takes one
+message or more; a pass that finds nothing puts it back on the sockets. A message waits at most
+`gather` for its pass (GATHER in a router's own watcher; a reader process, whose frames wait
+anyway, gathers longer), and messages further apart (a few workers, or a quiet stream) are each
+taken as it comes, a wakeup each: a timer pass would most often find nothing, and cost one more.
 
 A watcher's follower that waits on an empty inbox is not woken for its messages: the feed's
 `inline` (`Subscriber._deliver_now`) sequences them and applies their batches in the pump's pass,
@@ -39,7 +40,7 @@ from tskv.shells._inbox import Inbound, Live
 from tskv.shells._trio_zmq import TrioSocket
 
 LIVE_BURST = 64  # live messages taken off one socket in one go
-GATHER = 0.002  # seconds between passes while messages keep coming
+GATHER = 0.002  # seconds between passes while messages keep coming (a router's own watcher)
 PUMP_AVAILABLE = hasattr(select, "epoll")
 
 
@@ -119,9 +120,15 @@ class Feed(trio.abc.ReceiveChannel[Inbound]):
 
 
 class LivePump:
-    """Reads the live sockets of every subscriber added, in one task (`run`)."""
+    """Reads the live sockets of every subscriber added, in one task (`run`), in passes
+    `gather` apart while messages keep coming. `after_pass` is called at the end of each pass:
+    a reader process's outbox sends its frame then, in the pump's wakeup, not on a timer of its
+    own. `busy`: a pass is under way or the next is due within `gather`."""
 
-    def __init__(self) -> None:
+    def __init__(self, gather: float = GATHER) -> None:
+        self.gather = gather
+        self.after_pass: Callable[[], object] | None = None
+        self.busy = False
         self._poller = select.epoll()
         self._feeds: dict[int, Feed] = {}  # fd -> its feed
         self._again: dict[Feed, None] = {}  # feeds to try on the next pass, whatever epoll says
@@ -163,7 +170,8 @@ class LivePump:
 
     @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
     async def run(self) -> None:
-        gathering, spacing, last = False, GATHER, None  # spacing: seconds between messages
+        gather = self.gather
+        gathering, spacing, last = False, gather, None  # spacing: seconds between messages
         try:
             while True:
                 if self._again:
@@ -171,10 +179,11 @@ class LivePump:
                 else:
                     with trio.CancelScope() as self._waiting:
                         if gathering:
-                            await trio.sleep(GATHER)
+                            await trio.sleep(gather)
                         else:
                             await trio.lowlevel.wait_readable(self._poller.fileno())
                     self._waiting = None
+                self.busy = True
                 self._pacer.waited()
                 self.wakeups += 1
                 ready, self._again = self._again, {}
@@ -191,7 +200,10 @@ class LivePump:
                     if last is not None:
                         spacing = (spacing + (now - last) / taken) / 2
                     last = now
-                gathering = taken > 0 and spacing < GATHER
+                gathering = taken > 0 and spacing < gather
+                self.busy = gathering or bool(self._again)
+                if self.after_pass is not None:
+                    self.after_pass()
         finally:
             self._poller.close()
 

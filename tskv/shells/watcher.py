@@ -304,9 +304,10 @@ async def watch(
     snapshots_at_once: int = SNAPSHOTS_AT_ONCE,
     listener: Listener | None = None,
     on_status: OnStatus | None = None,
+    pump: LivePump | None = None,
 ) -> AsyncIterator[Watcher]:
     """`open_watcher` with its settings checked; a reader process's own watcher gives its
-    record a `listener` (its outbox)."""
+    record a `listener` (its outbox), and its own `pump`, which gathers longer."""
     int_at_least("snapshots_at_once", snapshots_at_once, 1, ConfigError)
     async with background_tasks() as nursery:
         watcher = Watcher._create(
@@ -317,6 +318,6 @@ async def watch(
             await nursery.start(reader.run)
             watcher._readers.append(reader)
         if not processes and PUMP_AVAILABLE:
-            watcher._pump = LivePump()
+            watcher._pump = LivePump() if pump is None else pump
             nursery.start_soon(watcher._pump.run)
         yield watcher

@@ -1,0 +1,114 @@
+"""A reader process's outbox: when its frames go, with a real live pump over real sockets
+(inproc PAIRs) and Trio's clock standing still unless the test moves it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+import zmq
+
+from tests.shells.test_live_pump import pairs
+from tskv.core.prefix_index import PrefixIndex
+from tskv.core.reader_messages import FrameReader, News, news
+from tskv.core.worker_view import WorkerFigures
+from tskv.shells._inbox import Inbound
+from tskv.shells._live_pump import PUMP_AVAILABLE, Clock, LivePump
+from tskv.shells._reader_child import FRAME_PASSES, FRAME_QUIET, READER_GATHER, Outbox
+
+pytestmark = pytest.mark.skipif(not PUMP_AVAILABLE, reason="the pump needs select.epoll")
+
+
+class Sent:
+    """The frames the outbox wrote, read as the index's process reads them."""
+
+    def __init__(self, stream: trio.testing.MemorySendStream) -> None:
+        self._stream = stream
+        self._reader = FrameReader()
+        self.frames: list[News] = []
+
+    def take(self) -> list[News]:
+        """The frames written since last asked."""
+        try:
+            data = self._stream.get_data_nowait()
+        except trio.WouldBlock:  # nothing written
+            return []
+        new = news(self._reader.feed(data))
+        self.frames.extend(new)
+        return new
+
+
+@asynccontextmanager
+async def reader_side() -> AsyncIterator[tuple[zmq.Socket[bytes], Outbox, Sent]]:
+    """A reader's pump over one PAIR whose messages are delivered inline, each noted in the
+    outbox as a batch of worker 0, as a reader's watcher does: (the sending end, the outbox,
+    what it sent)."""
+    pump = LivePump(READER_GATHER)
+    outbox = Outbox(PrefixIndex(16, record_changes=True), pump)
+    stream = trio.testing.MemorySendStream()
+    async with pairs(1) as sockets, trio.open_nursery() as nursery:
+        ((sending, receiving),) = sockets
+        feed = pump.add(receiving, trio.open_memory_channel[Inbound](8), Clock())
+
+        def deliver(messages: list[list[bytes]]) -> bool:
+            for _ in messages:
+                outbox.noted(0, WorkerFigures(), batch=True)
+            return True
+
+        feed.inline = deliver
+        nursery.start_soon(feed.receive)  # its subscriber waits: the pump delivers inline
+        nursery.start_soon(pump.run)
+        nursery.start_soon(outbox.send_all, stream)
+        await trio.testing.wait_all_tasks_blocked()
+        yield sending, outbox, Sent(stream)
+        nursery.cancel_scope.cancel()
+
+
+async def test_under_load_frames_go_with_the_pumps_passes_never_on_a_timer(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Under load the outbox sends in the pump's wakeups, every FRAME_PASSES passes, never
+    on a timer of its own: a wakeup cost more CPU than filing a batch, and a timer of the
+    outbox's woke the reader again between the pump's passes."""
+    assert FRAME_PASSES == 2  # what the steps below count on
+    async with reader_side() as (sending, outbox, sent):
+        sending.send(b"batch")
+        await trio.testing.wait_all_tasks_blocked()
+        # at once, the clock still: the pump, not gathering, expects no more soon
+        assert [len(frame.items) for frame in sent.take()] == [1]
+        sending.send(b"batch")  # close after (the clock stands still): gathering begins
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent.take() == []  # one pass of two
+        for _ in range(5):
+            sending.send(b"batch")
+        outbox.noted(1, WorkerFigures(losses=1))  # news from elsewhere: a loss, say
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent.take() == []  # no pass yet: the pump gathers
+        mock_clock.jump(READER_GATHER)
+        await trio.testing.wait_all_tasks_blocked()
+        (frame,) = sent.take()  # the second pass: all of it in one frame
+        assert [item.slot for item in frame.items] == [0] * 6 + [1]  # type: ignore[union-attr]
+        mock_clock.jump(READER_GATHER)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent.take() == []  # a pass that found nothing: nothing to send
+
+
+async def test_news_while_the_pump_is_idle_goes_after_a_quiet_spell(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A snapshot's parts, or losses, with no live stream: gathered on the outbox's own timer,
+    so that the index's process wakes once for many."""
+    async with reader_side() as (_, outbox, sent):
+        for worker in range(3):
+            outbox.noted(worker, WorkerFigures(), batch=True)
+            await trio.testing.wait_all_tasks_blocked()
+        assert sent.take() == []
+        mock_clock.jump(FRAME_QUIET)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent.take() == []  # news came during that wait: one more
+        mock_clock.jump(FRAME_QUIET)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [len(frame.items) for frame in sent.take()] == [3]
