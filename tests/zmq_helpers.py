@@ -29,6 +29,28 @@ def inproc_name(label: str) -> str:
     return f"inproc://tskv-test-{label}-{next(_names)}"
 
 
+@asynccontextmanager
+async def pairs(
+    count: int, context: zmq.Context[zmq.Socket[bytes]] | None = None
+) -> AsyncIterator[list[tuple[zmq.Socket[bytes], TrioSocket]]]:
+    """`count` connected PAIRs: (the sending end, the receiving end as the pump reads it)."""
+    context = context or zmq.Context.instance()
+    made: list[tuple[zmq.Socket[bytes], TrioSocket]] = []
+    try:
+        for _ in range(count):
+            endpoint = inproc_name("pump")
+            receiving = context.socket(zmq.PAIR)
+            receiving.bind(endpoint)
+            sending = context.socket(zmq.PAIR)
+            sending.connect(endpoint)
+            made.append((sending, TrioSocket(receiving)))
+        yield made
+    finally:
+        for sending, receiving in made:
+            sending.close(linger=0)
+            receiving.close()
+
+
 LOOPBACK = "tcp://127.0.0.1:*"  # binds loopback on a port the OS picks
 
 

@@ -10,34 +10,12 @@ import trio
 import trio.testing
 import zmq
 
-from tests.zmq_helpers import inproc_name
+from tests.zmq_helpers import pairs
 from tskv.shells._inbox import Inbound, Live
 from tskv.shells._live_pump import GATHER, PUMP_AVAILABLE, Clock, Feed, LivePump
 from tskv.shells._trio_zmq import TrioSocket
 
 pytestmark = pytest.mark.skipif(not PUMP_AVAILABLE, reason="the pump needs select.epoll")
-
-
-@asynccontextmanager
-async def pairs(
-    count: int, context: zmq.Context[zmq.Socket[bytes]] | None = None
-) -> AsyncIterator[list[tuple[zmq.Socket[bytes], TrioSocket]]]:
-    """`count` connected PAIRs: (the sending end, the receiving end as the pump reads it)."""
-    context = context or zmq.Context.instance()
-    made: list[tuple[zmq.Socket[bytes], TrioSocket]] = []
-    try:
-        for _ in range(count):
-            endpoint = inproc_name("pump")
-            receiving = context.socket(zmq.PAIR)
-            receiving.bind(endpoint)
-            sending = context.socket(zmq.PAIR)
-            sending.connect(endpoint)
-            made.append((sending, TrioSocket(receiving)))
-        yield made
-    finally:
-        for sending, receiving in made:
-            sending.close(linger=0)
-            receiving.close()
 
 
 async def collect(feed: Feed, count: int, into: list[bytes]) -> None:

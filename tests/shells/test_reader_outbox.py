@@ -11,7 +11,7 @@ import trio
 import trio.testing
 import zmq
 
-from tests.shells.test_live_pump import pairs
+from tests.zmq_helpers import pairs
 from tskv.core.prefix_index import PrefixIndex
 from tskv.core.reader_messages import FrameReader, News, news
 from tskv.core.worker_view import WorkerFigures

@@ -125,11 +125,10 @@ class Outbox:
             self._sealed.append(self._report(worker, entry))
             self._batches += 1
             if self._batches >= OUTBOX_BATCHES:
-                self._due = True
-                self._send_now.unpark_all()
+                self._send_soon()
         else:
             self._open[worker] = entry
-        if self._has_news:  # most batches find the sender waiting on its timer, not here
+        if self._has_news:  # most batches find the sender waiting for a pass, not here
             self._has_news.unpark_all()
 
     async def part_noted(self, worker: Worker, figures: WorkerFigures) -> None:
@@ -165,8 +164,11 @@ class Outbox:
             self._passes += 1
             assert self._pump is not None
             if self._passes >= FRAME_PASSES or not self._pump.busy:
-                self._due = True
-                self._send_now.unpark_all()
+                self._send_soon()
+
+    def _send_soon(self) -> None:
+        self._due = True
+        self._send_now.unpark_all()
 
     async def send_all(self, stream: trio.abc.SendStream) -> None:
         while True:
