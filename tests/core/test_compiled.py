@@ -291,6 +291,7 @@ class KeyTableAsADict(RuleBasedStateMachine):
         super().__init__()
         self.table = _compiled.KeyTable()
         self.model: dict[int, int] = {}
+        self.extra: dict[int, dict[int, int]] = {}  # bit -> its copies beyond the first
 
     @rule(key=keys, mask=masks)
     def store(self, key: int, mask: int) -> None:
@@ -323,7 +324,8 @@ class KeyTableAsADict(RuleBasedStateMachine):
     def mirror(self, bit: int, drawn: list[list[int | None]], packed: bool) -> None:
         """A reader's runs, as `Holdings.hold` and `release` take them for a mirrored worker
         (a let-go run may name None or ABSENT, -1, for a block that held nothing), as lists or
-        packed, as the index's process parses them from a report."""
+        packed, as the index's process parses them from a report: every copy, a key the worker
+        holds already counted in its extra copies, its hold let go of with the last."""
         runs = [
             run if number % 2 else [key for key in run if key is not None and key != -1]
             for number, run in enumerate(drawn)
@@ -331,23 +333,31 @@ class KeyTableAsADict(RuleBasedStateMachine):
         given = runs
         if packed:  # a block that held nothing is -1 there
             given = [memoryview(array("q", [-1 if k is None else k for k in run])) for run in runs]
-        expected, raised = dict(self.model), None
+        extra = self.extra.setdefault(bit, {})
+        expected, expected_extra, raised = dict(self.model), dict(extra), None
         try:
             for number, run in enumerate(runs):
                 for key in run:
                     if key is None or key == -1:
                         continue
-                    if number % 2 == 0:
+                    if number % 2 == 0 and expected.get(key, 0) & bit:
+                        expected_extra[key] = expected_extra.get(key, 0) + 1
+                    elif number % 2 == 0:
                         expected[key] = expected.get(key, 0) | bit
+                    elif key in expected_extra:
+                        expected_extra[key] -= 1
+                        if not expected_extra[key]:
+                            del expected_extra[key]
                     elif (mask := expected[key] & ~bit) != 0:
                         expected[key] = mask
                     else:
                         del expected[key]
         except KeyError:
             raised = KeyError
-        assert outcome(self.table.mirror, bit, given) in (None, raised)
+        assert outcome(self.table.mirror, bit, given, extra) in (None, raised)
         if raised is None:
             self.model = expected
+            assert extra == expected_extra
         else:  # the table kept what it did before the missing key: carry on from the table
             self.model = dict(self.table.items())
 
@@ -496,14 +506,16 @@ def test_a_walk_over_the_table_is_the_walk_over_a_dict() -> None:
 @given(
     st.one_of(bits, st.integers(-5, 2**70), junk),
     st.one_of(st.lists(st.lists(st.one_of(keys, junk), max_size=4), max_size=3), junk),
+    st.dictionaries(keys, st.one_of(st.integers(-3, 3), st.integers(2**63), junk), max_size=3),
 )
-def test_malformed_runs_are_refused_without_harm(bit: Any, runs: Any) -> None:
-    """What a broken reader frame could hand `mirror`: an error (the frame is refused), never a
-    crash, and the table still answers as a dict of what it holds."""
+def test_malformed_runs_are_refused_without_harm(bit: Any, runs: Any, extra: Any) -> None:
+    """What a broken reader frame could hand `mirror`, with a worker's copies counted wrong:
+    an error (the frame is refused), never a crash, and the table still answers as a dict of
+    what it holds."""
     table = _compiled.KeyTable()
     table.update({hash(("kept",)): 1})
     with contextlib.suppress(TypeError, KeyError, OverflowError, ValueError):
-        table.mirror(bit, runs)
+        table.mirror(bit, runs, extra)
     assert dict(table.items()) == {key: table[key] for key in table}
     assert len(table) == len(dict(table.items()))
 

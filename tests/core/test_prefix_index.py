@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -300,3 +301,55 @@ def test_statistics_are_a_frozen_value_counting_what_the_index_could_not_use() -
     assert (stats.orphans, stats.mismatched) == (1, 1)
     index.remove_worker("b")
     assert stats.workers == 2 and index.statistics().workers == 1  # a value, not a view
+
+
+def applied_or_mirrored(mirrored: bool) -> tuple[PrefixIndex, Callable[[str, list[KVEvent]], None]]:
+    """An index, and how to give it a worker's events: applied, or (`mirrored`) applied by an
+    index that records its changes, which this one mirrors as a reader's frames carry them."""
+    source = PrefixIndex(BS, record_changes=mirrored)
+    index = PrefixIndex(BS) if mirrored else source
+
+    def apply(worker: str, events: list[KVEvent]) -> None:
+        source.apply(worker, events)
+        if mirrored:
+            runs, ops = msgpack.unpackb(msgpack.packb(source.take_changes(worker)))
+            index.apply_changes(worker, runs, ops)
+
+    return index, apply
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+@pytest.mark.parametrize("ending", ["removed", "cleared", "turned hybrid"])
+def test_one_content_under_two_hashes_is_held_until_both_blocks_go(
+    mirrored: bool, ending: str
+) -> None:
+    """Two engine hashes of one content (an engine that hashes in what tskv does not key) are
+    one key held twice: it stays until both blocks are removed, however the worker's view
+    changes meanwhile, and a reset lets go of every copy."""
+    index, apply = applied_or_mirrored(mirrored)
+    apply("w", [BlockStored([1], None, [5, 5], BS), BlockStored([2], None, [5, 5], BS)])
+    apply("v", [BlockStored([1], None, [5, 5], BS), BlockStored([2], None, [7, 7], BS)])
+    if ending == "cleared":
+        apply("w", [AllBlocksCleared(), BlockStored([4], None, [5, 5], BS)])
+        assert index.match([5, 5]) == {"w": 1, "v": 1}
+        apply("w", [BlockRemoved([4])])
+    else:
+        if ending == "turned hybrid":  # its tiers count its copies from here
+            apply("w", [BlockStored([3], None, [6, 6], BS, medium="CPU")])
+        apply("w", [BlockRemoved([1])])
+        assert index.match([5, 5]) == {"w": 1, "v": 1}
+        apply("w", [BlockRemoved([2])])
+    assert index.match([5, 5]) == {"v": 1}
+    apply("v", [BlockRemoved([1])])
+    assert index.match([5, 5]) == {}
+    assert len(index) == (2 if ending == "turned hybrid" else 1)  # and no hold left behind
+
+
+def test_an_index_that_records_its_changes_sends_its_queries_to_the_mirror() -> None:
+    """It keeps no holders (its mirror counts them): an answer from it would be empty."""
+    source = PrefixIndex(BS, record_changes=True)
+    source.apply("w", [BlockStored([1], None, [5, 5], BS)])
+    with pytest.raises(RuntimeError, match=r"record_changes=True.*apply_changes"):
+        source.match([5, 5])
+    with pytest.raises(RuntimeError, match=r"record_changes=True.*apply_changes"):
+        source.predict("w", [5, 5], ttl=1.0)

@@ -818,12 +818,48 @@ KeyTable_clear(KeyTable *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* One run of mirror(): `keys` taken by `bit` (letting_go 0) or let go of (1), in order; EMPTY
-   (-1) among keys let go of is a block that held nothing (holdings.ABSENT, or None as it came).
-   A key let go of that no worker holds is a KeyError, as `Holdings.release` gives, after the
-   keys before it were let go of. */
+/* A worker's copies of `key` beyond the first, in its `extra` dict (WorkerBlocks.extra_refs),
+   one more (step 1) or one fewer (-1). With -1: 1 if it had one to take, 0 if not, as
+   `Holdings.release` looks there before it lets go of the worker's hold. Rare: a key held
+   twice by one worker (a block in two tiers, or stored under two hashes). */
 static int
-mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_ssize_t count)
+count_copy(PyObject *extra, int64_t key, int step)
+{
+    PyObject *as_int = PyLong_FromLongLong(key);
+    if (as_int == NULL) {
+        return -1;
+    }
+    PyObject *had = PyDict_GetItemWithError(extra, as_int); /* borrowed */
+    long long count = 0;
+    int result = 0;
+    if (had != NULL) {
+        count = PyLong_AsLongLong(had);
+        if (count == LLONG_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "mirror: a worker's copies of a key overflow");
+        }
+    }
+    if (PyErr_Occurred()) {
+        result = -1;
+    } else if (step > 0 || count > 1) {
+        PyObject *now = PyLong_FromLongLong(count + step);
+        result = now == NULL ? -1 : PyDict_SetItem(extra, as_int, now);
+        Py_XDECREF(now);
+        result = result < 0 ? -1 : 1;
+    } else if (count == 1) {
+        result = PyDict_DelItem(extra, as_int) < 0 ? -1 : 1;
+    }
+    Py_DECREF(as_int);
+    return result;
+}
+
+/* One run of mirror(): `keys` taken by `bit` (letting_go 0) or let go of (1), in order, each
+   key once a copy: one the worker holds already is counted in `extra`, and its hold let go of
+   with its last copy. EMPTY (-1) among keys let go of is a block that held nothing
+   (holdings.ABSENT, or None as it came). A key let go of that no worker holds is a KeyError,
+   as `Holdings.release` gives, after the keys before it were let go of. */
+static int
+mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_ssize_t count,
+            PyObject *extra)
 {
     for (Py_ssize_t n = 0; n < count; n++) {
         fetch_keys_ahead(t, keys, count, n);
@@ -844,9 +880,22 @@ mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_s
                 t->slots[i].key = key;
                 t->slots[i].mask = 0;
                 t->used++;
+            } else if (t->slots[i].mask & bit) {
+                if (count_copy(extra, key, 1) < 0) {
+                    return -1;
+                }
             }
             t->slots[i].mask |= bit;
             continue;
+        }
+        if (PyDict_GET_SIZE(extra)) {
+            int counted = count_copy(extra, key, -1);
+            if (counted != 0) {
+                if (counted < 0) {
+                    return -1;
+                }
+                continue; /* another copy still has it */
+            }
         }
         size_t i = t->capacity ? find(t, key) : 0;
         if (t->capacity == 0 || t->slots[i].key == EMPTY) {
@@ -880,7 +929,7 @@ mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_s
    format "q", as reader_messages parses a report's runs) are read as they are; any other
    sequence is made C integers first, None and ABSENT among keys let go of as EMPTY. */
 static int
-mirror_run(KeyTable *t, uint64_t bit, int letting_go, PyObject *run)
+mirror_run(KeyTable *t, uint64_t bit, int letting_go, PyObject *run, PyObject *extra)
 {
     Py_buffer view;
     if (!PyList_Check(run) && PyObject_CheckBuffer(run)) {
@@ -888,7 +937,8 @@ mirror_run(KeyTable *t, uint64_t bit, int letting_go, PyObject *run)
             PyErr_Clear(); /* not contiguous, or released: read as a sequence, or refused there */
         } else {
             int packed = view.itemsize == 8 && view.format != NULL && !strcmp(view.format, "q");
-            int result = packed ? mirror_keys(t, bit, letting_go, view.buf, view.len / 8) : 0;
+            int result =
+                packed ? mirror_keys(t, bit, letting_go, view.buf, view.len / 8, extra) : 0;
             PyBuffer_Release(&view);
             if (packed) {
                 return result;
@@ -901,20 +951,21 @@ mirror_run(KeyTable *t, uint64_t bit, int letting_go, PyObject *run)
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
     int64_t *keys = c_keys(PySequence_Fast_ITEMS(fast), count, letting_go);
-    int result = keys == NULL ? -1 : mirror_keys(t, bit, letting_go, keys, count);
+    int result = keys == NULL ? -1 : mirror_keys(t, bit, letting_go, keys, count, extra);
     PyMem_Free(keys);
     Py_DECREF(fast);
     return result;
 }
 
-/* mirror(bit, runs): a worker's holds taken and let go of as its reader sent them (runs of
-   keys: taken, let go of, taken...), for a worker whose bit is below 1 << 64. */
+/* mirror(bit, runs, extra): a worker's copies taken and let go of as its reader sent them
+   (runs of keys: taken, let go of, taken...), for a worker whose bit is below 1 << 64; `extra`
+   is its dict of copies beyond the first (WorkerBlocks.extra_refs). */
 static PyObject *
 KeyTable_mirror(KeyTable *t, PyObject *args)
 {
     unsigned long long bit;
-    PyObject *runs;
-    if (!PyArg_ParseTuple(args, "KO:mirror", &bit, &runs)) {
+    PyObject *runs, *extra;
+    if (!PyArg_ParseTuple(args, "KOO!:mirror", &bit, &runs, &PyDict_Type, &extra)) {
         return NULL;
     }
     PyObject *all = PySequence_Fast(runs, "mirror: runs must be a sequence");
@@ -922,7 +973,7 @@ KeyTable_mirror(KeyTable *t, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t number = 0; number < PySequence_Fast_GET_SIZE(all); number++) {
-        if (mirror_run(t, bit, number % 2, PySequence_Fast_GET_ITEM(all, number)) < 0) {
+        if (mirror_run(t, bit, number % 2, PySequence_Fast_GET_ITEM(all, number), extra) < 0) {
             Py_DECREF(all);
             return NULL;
         }

@@ -181,6 +181,9 @@ class Filing:
             blocks[each] = key
             if key is None:
                 continue
+            if journal is not None:  # in order with what `release` notes
+                note_run(journal, bit, 0, (key,))
+                continue
             if predicted and key in predicted:  # the prediction came true
                 self.holdings.predictions.drop(bit, key)
             mask = holders.get(key, 0)
@@ -188,8 +191,6 @@ class Filing:
                 extra_refs[key] = extra_refs.get(key, 0) + 1
             else:
                 holders[key] = mask | bit
-                if journal is not None:  # in order with what `release` notes
-                    note_run(journal, bit, 0, (key,))
         return strings
 
     # -- hybrid and tiered workers -------------------------------------------------------

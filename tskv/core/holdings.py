@@ -3,8 +3,9 @@
 Every block a worker holds is in its view (the engine's hash, with its tier, to its key), and
 each key has a bit mask of the workers holding it; `filing` keeps the two in step as events
 arrive. A worker holding one key in two tiers (or twice in one) holds it until its last copy
-goes. The journal of holds taken and let go of is what a reader process sends the index's
-process, which mirrors it (`apply_changes`).
+goes. A reader process's holdings keep no holders: they journal every copy taken and let go of,
+and the index's process, which mirrors the journal (`apply_changes`) and looks every key up
+anyway, counts a worker's copies there. A reader then keeps only its workers' block maps.
 """
 
 from __future__ import annotations
@@ -132,23 +133,34 @@ def note_run(
         runs.append(list(keys))
 
 
+def every_copy(view: WorkerBlocks) -> list[int]:
+    """The key of each copy of each block the worker holds."""
+    keys = [key for key in view.blocks.values() if key is not None]
+    for each, extra in view.copies.items():
+        key = view.blocks.get(each)
+        if key is not None:
+            keys.extend([key] * extra)
+    return keys
+
+
 class Holdings:
     """Each worker's view and each key's holders, kept in step."""
 
-    def __init__(self, block_size: int, predictions: Predictions) -> None:
+    def __init__(self, block_size: int, predictions: Predictions, journal: bool = False) -> None:
         self.block_size = block_size
         # the holders as the compiled table where this process has it (the mirror uses its bulk
-        # operations), else as a dict
-        self.table: KeyTable | None = None if compiled.core is None else compiled.core.KeyTable()
+        # operations), else as a dict; none kept where the holds are journalled instead
+        core = None if journal else compiled.core
+        self.table: KeyTable | None = None if core is None else core.KeyTable()
         self.holders: HolderMap = {} if self.table is None else self.table  # key -> worker mask
         self.views: dict[Worker, WorkerBlocks] = {}
         self.known: tuple[Worker, ...] = ()  # the views' workers, made again when one comes or goes
         self.bits = Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridView
         self.predictions = predictions  # a real block replaces its prediction
-        # bit -> the worker's holds taken and let go of since last asked, in order: runs of
+        # bit -> the worker's copies taken and let go of since last asked, in order: runs of
         # keys, taken, let go of, taken... (a reader process sends them on: `take_changes`)
-        self.journal: dict[int, list[list[int]]] | None = None
+        self.journal: dict[int, list[list[int]]] | None = {} if journal else None
 
     def view(self, worker: Worker) -> WorkerBlocks:
         view = self.views.get(worker)
@@ -159,6 +171,10 @@ class Holdings:
 
     def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
         """The worker holds each key (once more, if it held it already)."""
+        if self.journal is not None:  # for the mirror, which counts the copies
+            if view.hybrid is None and keys:  # a hybrid's are in its ops
+                note_run(self.journal, view.bit, 0, keys)
+            return
         holders, bit, predicted = self.holders, view.bit, self.predictions.masks
         if predicted and not predicted.keys().isdisjoint(keys):
             for key in keys:
@@ -171,41 +187,34 @@ class Holdings:
             if added:
                 holders.update(new)
         if added:  # content no worker held: the usual block
-            if self.journal is not None and view.hybrid is None:
-                note_run(self.journal, bit, 0, keys)
-            return
-        if view.mirrored:  # its reader sends only holds taken: none is held already
-            get = holders.get
-            for key in keys:
-                holders[key] = get(key, 0) | bit
             return
         extra_refs = view.extra_refs
-        taken = []
         for key in keys:
             mask = holders.get(key, 0)
             if mask & bit:
                 extra_refs[key] = extra_refs.get(key, 0) + 1
             else:
                 holders[key] = mask | bit
-                taken.append(key)
-        if self.journal is not None and view.hybrid is None:  # a hybrid's: in its ops
-            note_run(self.journal, bit, 0, taken)
 
     def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
         """Let go of the worker's hold on each key (None, or ABSENT: it held nothing)."""
-        let_go = None
-        usual = not view.extra_refs and not self.predictions.masks
-        if self.table is not None and usual and isinstance(keys, list):
-            let_go = self.table.let_go(keys, view.bit)  # in one call (None: masks too wide)
-        if let_go is None:
-            let_go = self._let_go(view, keys)
-        if self.journal is not None and view.hybrid is None:
-            note_run(self.journal, view.bit, 1, let_go)
-
-    def _let_go(self, view: WorkerBlocks, keys: Iterable[int | None]) -> list[int]:
+        if self.journal is not None:
+            if view.hybrid is None:
+                let_go = [key for key in keys if key is not None and key != ABSENT]
+                if let_go:
+                    note_run(self.journal, view.bit, 1, let_go)
+            return
+        table = self.table
+        if (
+            table is not None
+            and isinstance(keys, list)
+            and not view.extra_refs
+            and not self.predictions.masks
+            and table.let_go(keys, view.bit) is not None  # None: a mask past 64 bits
+        ):
+            return  # the usual case, in one call
         holders, extra, keep = self.holders, view.extra_refs, ~view.bit
         predicted = self.predictions.masks
-        let_go: list[int] = []
         for key in keys:
             if key is None or key == ABSENT:
                 continue
@@ -222,8 +231,6 @@ class Holdings:
                 holders[key] = mask
             else:
                 del holders[key]
-            let_go.append(key)
-        return let_go
 
     def take_changes(self, view: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
         """The worker's holds taken and let go of since last asked, as runs, and a hybrid
@@ -235,17 +242,16 @@ class Holdings:
         self, worker: Worker, view: WorkerBlocks, runs: Sequence[Sequence[int]], ops: Sequence[Op]
     ) -> None:
         """Take and let go of holds as `take_changes` gave them, for a worker whose blocks are
-        kept elsewhere."""
+        kept elsewhere: every copy, counted here as `hold` and `release` count them."""
         view.mirrored = True
         table = self.table
         if (
             table is not None
             and view.bit < 1 << 64
             and not self.predictions.masks
-            and not view.extra_refs
             and self.journal is None
-        ):  # what `hold` and `release` do for a mirrored worker, in one compiled loop
-            table.mirror(view.bit, runs)
+        ):  # what `hold` and `release` do, in one compiled loop
+            table.mirror(view.bit, runs, view.extra_refs)
         else:
             for number, keys in enumerate(runs):
                 if number % 2:
@@ -256,6 +262,8 @@ class Holdings:
             if view.hybrid is None:
                 view.hybrid = HybridView(self.block_size)
                 self.hybrids[worker] = view
+            if any(op[0] == "begin" for op in ops):  # its tiers count every copy from here
+                view.extra_refs.clear()
             taken, let_go = view.hybrid.mirror(ops)
             self.release(view, let_go)
             self.hold(view, taken)
@@ -268,11 +276,15 @@ class Holdings:
             self.predictions.forget(view.bit)
             if view.mirrored:
                 mirrored |= view.bit
+                view.extra_refs.clear()
                 if view.hybrid is not None:
                     view.hybrid.tiers.clear()
                 continue
-            view.extra_refs.clear()  # so each distinct key is let go of once, whatever the count
-            self.release(view, {key for key in view.blocks.values() if key is not None})
+            if self.journal is None:
+                view.extra_refs.clear()  # so each distinct key is let go of once, whatever count
+                self.release(view, {key for key in view.blocks.values() if key is not None})
+            else:  # every copy: the mirror counts them
+                self.release(view, every_copy(view))
             view.blocks.clear()
             view.copies.clear()
             if view.hybrid is not None:

@@ -32,7 +32,7 @@ from tskv.core.block_keys import (
     int_tokens,
     root_key,
 )
-from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
+from tskv.core.errors import ConfigError, TskvLookupError, TskvRuntimeError, TskvTypeError
 from tskv.core.events import (
     KVEvent,
     KVEventBatch,
@@ -305,6 +305,16 @@ class IndexStatistics:
     unknown_groups: int = 0  # KV cache groups whose kind (or window) tskv does not know
 
 
+def _answering(holdings: Holdings, method: str) -> None:
+    """Refuse a query to an index that keeps no holders: its answer would be empty."""
+    if holdings.journal is not None:
+        raise TskvRuntimeError(
+            f"PrefixIndex.{method}: this index was made with record_changes=True, so it "
+            "journals its workers' holds for another index and keeps no holders of its own; "
+            f"call {method} on the index that mirrors it (apply_changes)"
+        )
+
+
 class PrefixIndex:
     """A prefix index over many workers' KV event streams."""
 
@@ -323,10 +333,8 @@ class PrefixIndex:
         int_at_least("max_predicted", max_predicted, 0)
         self.block_size = block_size
         self._predictions = Predictions(clock, max_predicted)  # their time to live is `clock`'s
-        self._holdings = Holdings(block_size, self._predictions)
+        self._holdings = Holdings(block_size, self._predictions, journal=record_changes)
         self._filing = Filing(self._holdings)
-        if record_changes:
-            self._holdings.journal = {}
         self._views: dict[Worker, WorkerView] = {}  # each worker's trust, `worker_view`
         self._stale: set[Worker] = set()  # the workers whose view is stale, for answers
         self._strings = False  # a string token id was seen: queries' string ones are digested
@@ -462,6 +470,7 @@ class PrefixIndex:
             raise TskvTypeError(
                 f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
             )
+        _answering(self._holdings, "match")
         if self._strings:
             token_ids, _ = int_tokens(token_ids)
         if extra_keys is None and mm_keys is None:
@@ -505,6 +514,7 @@ class PrefixIndex:
         index's clock, or until its real BlockStored arrives, a BlockRemoved of them or a cache
         reset. Blocks it already holds are left as they are."""
         number_at_least("ttl", ttl, 0, above=True)
+        _answering(self._holdings, "predict")
         bit, holders = self._holdings.view(worker).bit, self._holdings.holders
         size = self.block_size
         count = len(token_ids) // size
@@ -542,7 +552,8 @@ class PrefixIndex:
         return {block if isinstance(block, int) else block[-1] for block in view.blocks}
 
     def __len__(self) -> int:
-        """Distinct blocks (by content) held by any worker."""
+        """Distinct blocks (by content) held by any worker (0 in an index made with
+        `record_changes=True`: the index that mirrors it counts them)."""
         return len(self._holdings.holders)
 
     def statistics(self) -> IndexStatistics:
