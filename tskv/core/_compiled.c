@@ -880,12 +880,13 @@ mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_s
                 t->slots[i].key = key;
                 t->slots[i].mask = 0;
                 t->used++;
-            } else if (t->slots[i].mask & bit) {
-                if (count_copy(extra, key, 1) < 0) {
-                    return -1;
-                }
             }
+            int again = (t->slots[i].mask & bit) != 0;
             t->slots[i].mask |= bit;
+            /* counted last: the dict may run Python code, after which `i` means nothing */
+            if (again && count_copy(extra, key, 1) < 0) {
+                return -1;
+            }
             continue;
         }
         if (PyDict_GET_SIZE(extra)) {
