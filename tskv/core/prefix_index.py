@@ -380,8 +380,9 @@ class PrefixIndex:
     def take_changes(self, worker: Worker) -> tuple[list[list[int]], list[Op]]:
         """What `worker` came to hold and let go of since last asked, for another process's
         index to mirror with `apply_changes`: the keys as runs (taken, let go of, taken...),
-        and a hybrid worker's changes by tier (`core/hybrid.py`). Kept only by an index made
-        with `record_changes=True`."""
+        and a hybrid worker's changes by tier (`core/hybrid.py`), every copy of a key. Kept
+        only by an index made with `record_changes=True`, which keeps no holders of its own:
+        its `match` and `predict` raise, naming the index that mirrors it."""
         view = self._holdings.views.get(worker)
         return ([], []) if view is None else self._holdings.take_changes(view)
 
