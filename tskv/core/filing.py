@@ -25,7 +25,7 @@ from tskv.core.events import (
     not_an_event,
 )
 from tskv.core.groups import FULL_KINDS, group_of
-from tskv.core.holdings import ABSENT, Holdings, Stored, Worker, WorkerBlocks, note_run
+from tskv.core.holdings import ABSENT, Holdings, Stored, Worker, WorkerBlocks
 from tskv.core.hybrid import HybridView, is_device, plain_tiers, stored_again
 from tskv.core.read_batch import CLEARED, REMOVED, ReadBatch, runs_of
 from tskv.core.tiers import UNTIERED, BlockId, BlockKeys, Tier, block_id, block_ids, tier_of
@@ -181,8 +181,8 @@ class Filing:
             blocks[each] = key
             if key is None:
                 continue
-            if journal is not None:  # in order with what `release` notes
-                note_run(journal, bit, 0, (key,))
+            if journal is not None:  # journalled, in order with what `release` notes
+                self.holdings.hold(view, (key,))
                 continue
             if predicted and key in predicted:  # the prediction came true
                 self.holdings.predictions.drop(bit, key)
