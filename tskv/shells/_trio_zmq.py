@@ -23,10 +23,13 @@ from tskv.core.errors import TskvError
 
 Frames = Sequence[Any]
 
-# Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself.
+# Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself,
+# and getsockopt given the EVENTS enum member converts it again (2.1 µs a read here, 1.1 with
+# the int: a reader reads EVENTS about once a message).
 _MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _LAST = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
 
 
 ZERO_COPY_BYTES = 65536  # pyzmq copies smaller frames anyway; zero-copy pays above this
@@ -47,7 +50,8 @@ class TrioSocket:
     async def wait(self, flag: int) -> None:
         """Wait until EVENTS has `flag` (zmq.POLLIN or zmq.POLLOUT)."""
         self._check_open()
-        while not cast(int, self.sock.getsockopt(zmq.EVENTS)) & flag:
+        wanted = int(flag)  # a pyzmq enum flag: `&` on it is Python code
+        while not cast(int, self.sock.getsockopt(_EVENTS)) & wanted:
             try:
                 await trio.lowlevel.wait_readable(self._fd)
             except trio.ClosedResourceError:
@@ -110,7 +114,7 @@ class TrioSocket:
                 first = None
             if first is not None:
                 taken.append(self._rest(first))
-        while len(taken) < limit and cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+        while len(taken) < limit and cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
             taken.append(self._rest(sock.recv(_LAST, copy=False)))
         return taken
 
