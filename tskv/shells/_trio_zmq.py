@@ -23,9 +23,7 @@ from tskv.core.errors import TskvError
 
 Frames = Sequence[Any]
 
-# Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself,
-# and getsockopt given the EVENTS enum member converts it again (2.1 µs a read here, 1.1 with
-# the int: a reader reads EVENTS about once a message).
+# Plain ints: combining pyzmq's enum flags per call costs more than the send or receive itself.
 _MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 _LAST = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
