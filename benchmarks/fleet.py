@@ -151,6 +151,7 @@ def _router(
                     await trio.sleep(STEADY / 2)
                     applied = _per_batch(watcher, len(endpoints), alone, 0.0)
                     result["alone_cpu_us"] = applied["cpu_us"]
+                    result["alone_total_cpu_us"] = applied["total_cpu_us"]
                     await requests.accept()
                 before = _cpu(watcher, len(endpoints))
                 if cached:

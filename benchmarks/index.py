@@ -366,8 +366,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "stale then / indexed | "
         "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
         "a request's wait for the loop: p50 / p99 | "
-        "index process memory a block | readers' | CPU per batch once current: index process "
-        "with no requests; with requests, and with readers | the loop's CPU a request | "
+        "index process memory a block | readers' | CPU per batch once current, no requests: "
+        "index process, and with readers; with requests, the same | the loop's CPU a request | "
         "wrong views / losses at the end |"
     )
     out("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -384,7 +384,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
             f"{run['stale_after_bootstrap']} / "
             f"{run['indexed_after_bootstrap']:.0%} | {matches[0]} | {matches[1]} | {waited} | "
             f"{run['index_bytes']:.0f} B | {run['reader_bytes']:.0f} B | "
-            f"{run['alone_cpu_us']:.0f} µs; {run['cpu_us']:.0f} µs, "
+            f"{run['alone_cpu_us']:.0f} µs, {run['alone_total_cpu_us']:.0f} µs; "
+            f"{run['cpu_us']:.0f} µs, "
             f"{run['total_cpu_us']:.0f} µs | {run['request_us']:.0f} µs | "
             f"{run['wrong_views']} / {run['losses']} |"
         )
