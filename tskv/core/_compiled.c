@@ -418,6 +418,34 @@ remove_at(KeyTable *t, size_t i)
     t->used--;
 }
 
+/* An int's size in bits, its sign apart (0 for 0), read where CPython's API has it cheaply:
+   a hash-sized int has three digits, which PyLong_AsUnsignedLongLong converts through the
+   generic _PyLong_AsByteArray (230 instructions) and PyLong_AsLongLongAndOverflow digit by
+   digit with checks; with its size known, PyLong_AsUnsignedLongLongMask is exact and a loop
+   of three shifts. Elsewhere (a CPython whose private calls may differ) -1: ask the API. */
+static inline int64_t
+int_bits(PyObject *obj)
+{
+#if PY_VERSION_HEX < 0x030E0000
+    return (int64_t)_PyLong_NumBits(obj); /* -1 only past 2**63 bits */
+#else
+    (void)obj;
+    return -1;
+#endif
+}
+
+/* Whether an int is negative, where int_bits reads its size. */
+static inline int
+int_negative(PyObject *obj)
+{
+#if PY_VERSION_HEX < 0x030E0000
+    return _PyLong_Sign(obj) < 0;
+#else
+    (void)obj;
+    return 1;
+#endif
+}
+
 /* 1 and the key in *out if `obj` is an int a key can be; 0 if it cannot (any other value, or
    -1); -1 with an exception set on an error. */
 static int
@@ -425,6 +453,11 @@ key_of(PyObject *obj, int64_t *out)
 {
     if (!PyLong_Check(obj)) {
         return 0;
+    }
+    int64_t bits = int_bits(obj);
+    if (bits >= 0 && bits < 64) { /* within int64 either sign: the mask is its two's complement */
+        *out = (int64_t)PyLong_AsUnsignedLongLongMask(obj);
+        return *out != -1;
     }
     int overflow;
     long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
@@ -1223,6 +1256,12 @@ id_of(PyObject *obj, int64_t *out)
 {
     if (!PyLong_Check(obj)) {
         return 0;
+    }
+    int64_t size = int_bits(obj);
+    if (size >= 0 && size <= 64 && !int_negative(obj)) {
+        unsigned long long fast = PyLong_AsUnsignedLongLongMask(obj);
+        *out = (int64_t)fast;
+        return fast != (unsigned long long)-1; /* 2**64 - 1: its bits are EMPTY's */
     }
     unsigned long long bits = PyLong_AsUnsignedLongLong(obj);
     if (bits == (unsigned long long)-1 && PyErr_Occurred()) {
@@ -2584,9 +2623,10 @@ read_plain(PyObject *module, PyObject *args)
     return got == 1 ? made : Py_NewRef(Py_None);
 }
 
-/* read_run(run, size, blocks, root) -> (ids, keys, mismatched): plain_run for a run of
-   read_plain's stored steps, each block keyed from its content hash; `root` is the key an
-   event with no parent hangs from (read_plain's events name no LoRA and no salt). */
+/* read_run(run, size, blocks, root) -> (ids, keys, mismatched, orphans): plain_run for a run
+   of read_plain's stored steps, each block keyed from its content hash; `root` is the key an
+   event with no parent hangs from (read_plain's events name no LoRA and no salt). `orphans`
+   counts the None keys: list.count(None) compared each int key with None, 150 instructions. */
 static PyObject *
 read_run(PyObject *module, PyObject *args)
 {
@@ -2623,7 +2663,11 @@ read_run(PyObject *module, PyObject *args)
             goto done;
         }
     }
-    made = Py_BuildValue("(OOn)", ids, keys, mismatched);
+    Py_ssize_t orphans = 0;
+    for (Py_ssize_t n = 0; n < PyList_GET_SIZE(keys); n++) {
+        orphans += PyList_GET_ITEM(keys, n) == Py_None;
+    }
+    made = Py_BuildValue("(OOnn)", ids, keys, mismatched, orphans);
 done:
     Py_XDECREF(key);
     Py_XDECREF(ids);
@@ -2676,7 +2720,7 @@ static PyMethodDef methods[] = {
     {"read_plain", read_plain, METH_VARARGS,
      "read_plain(payload, size) -> (ts, rank, steps) | None: a plain batch, read and hashed."},
     {"read_run", read_run, METH_VARARGS,
-     "read_run(run, size, blocks, root) -> (ids, keys, mismatched): read steps' keys."},
+     "read_run(run, size, blocks, root) -> (ids, keys, mismatched, orphans): steps' keys."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -43,6 +43,10 @@ class Filed:
     lookahead: int
 
 
+PLAIN_FILED = Filed(False, False, 0)  # the usual batch's: shared, not made a batch
+RunKeys = list[int | None]  # a run's keys, None for an orphan's
+
+
 class Filing:
     """Files each worker's events in `holdings`, counting what it could not file."""
 
@@ -111,16 +115,16 @@ class Filing:
                 cleared = True
             else:
                 view.tier = UNTIERED  # as `needs_hybrid` notes a plain worker's first store
-                ids, keys, mismatched = core.read_run(steps, size, view.blocks, PLAIN_ROOT)
+                ids, keys, mismatched, orphans = core.read_run(steps, size, view.blocks, PLAIN_ROOT)
                 if not add_new(view.blocks, ids, keys):  # nothing changed: filed from events
                     rest = self.apply(worker, batch.events[start:])
                     return Filed(cleared or rest.cleared, rest.strings, rest.lookahead)
-                self._hold_new(view, keys, mismatched)
-        return Filed(cleared, False, view.lookahead)
+                self._hold_new(view, keys, mismatched, orphans)
+        return Filed(cleared, False, view.lookahead) if cleared or view.lookahead else PLAIN_FILED
 
-    def _hold_new(self, view: WorkerBlocks, keys: list[int | None], mismatched: int) -> None:
-        """The worker holds a run's keys, its blocks stored in its view already."""
-        orphans = keys.count(None)
+    def _hold_new(self, view: WorkerBlocks, keys: RunKeys, mismatched: int, orphans: int) -> None:
+        """The worker holds a run's keys (`orphans` of them None), its blocks stored in its
+        view already."""
         self.orphans += orphans
         self.mismatched += mismatched
         held = [key for key in keys if key is not None] if orphans else keys
@@ -139,7 +143,7 @@ class Filing:
             return strings
         ids, keys, mismatched, strings = run_keys(run, view.blocks, self.holdings.block_size)
         if add_new(view.blocks, ids, keys):
-            self._hold_new(view, keys, mismatched)
+            self._hold_new(view, keys, mismatched, keys.count(None))
             run.clear()
             return strings
         for stored, found in run:

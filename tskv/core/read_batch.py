@@ -28,9 +28,10 @@ STORED, REMOVED, CLEARED = 0, 1, 2
 Step = tuple[Any, ...]
 
 
-@attrs.frozen
+@attrs.define
 class ReadBatch:
-    """A plain batch as the compiled core read it: its steps, one per event, in order."""
+    """A plain batch as the compiled core read it: its steps, one per event, in order. Not
+    frozen: a watcher makes one a batch, and a frozen one cost 0.65 µs to make, this 0.25."""
 
     ts: float
     attn_dp_rank: int | None
