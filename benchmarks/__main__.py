@@ -47,6 +47,7 @@ SECTIONS = [
     "snapshots",
     "index",
     "fleet",
+    "reader",
     "routing",
     "failures",
 ]
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.index import fleet_section
 
         fleet_section(out)
+    if "reader" in sections:
+        from benchmarks.reader_cost import reader_section
+
+        reader_section(out)
     if "failures" in sections:
         from benchmarks.failures import failures_section
 
