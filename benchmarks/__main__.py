@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for the child
     args = parser.parse_args(argv)
     sections = args.only or SECTIONS
+    if args.json:  # the no-msgspec child: its parent compiled tskv already
+        print(json.dumps(measure(sections, args.reps)))
+        return 0
     # Reader processes and children import tskv afresh: with PYTHONDONTWRITEBYTECODE set and
     # an editable install, each compiled its modules at start (0.25 s of CPU here, counted in
     # the fleet's bootstrap), which a pip-installed package, byte-compiled on install, never does.
     compileall.compile_dir(os.path.dirname(tskv.__file__), quiet=1)
-    if args.json:
-        print(json.dumps(measure(sections, args.reps)))
-        return 0
 
     def out(line: str) -> None:
         print(line, flush=True)

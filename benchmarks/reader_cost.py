@@ -25,11 +25,11 @@ from typing import Any
 import trio
 
 import tskv.shells._reader_process as reader_process
-from benchmarks.fleet import _publish_workers
+from benchmarks.fleet import _cpu, _publish_workers
 from benchmarks.processes import child
 from benchmarks.rounds import BLOCK
 from tskv.core.prefix_index import PrefixIndex
-from tskv.shells.watcher import Watcher, open_watcher
+from tskv.shells.watcher import open_watcher
 
 WORKERS = 16
 RATE = 10  # rounds a second
@@ -87,14 +87,10 @@ async def _count(endpoints: list[tuple[str, str]], publishers: Any) -> int:
         await trio.sleep(WARM)
         pid = watcher.readers[0].pid
         await trio.run_process(["callgrind_control", "--zero", str(pid)], capture_stdout=True)
-        before = _batches(watcher, len(endpoints))
+        before = _cpu(watcher, len(endpoints))[2]  # batches applied so far
         await trio.sleep(WINDOW)
         await trio.run_process(["callgrind_control", "--dump", str(pid)], capture_stdout=True)
-        return _batches(watcher, len(endpoints)) - before
-
-
-def _batches(watcher: Watcher, workers: int) -> int:
-    return sum(watcher.status(rank).batches for rank in range(workers))
+        return _cpu(watcher, len(endpoints))[2] - before
 
 
 @contextmanager

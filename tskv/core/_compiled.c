@@ -418,31 +418,24 @@ remove_at(KeyTable *t, size_t i)
     t->used--;
 }
 
-/* An int's size in bits, its sign apart (0 for 0), read where CPython's API has it cheaply:
-   a hash-sized int has three digits, which PyLong_AsUnsignedLongLong converts through the
-   generic _PyLong_AsByteArray (230 instructions) and PyLong_AsLongLongAndOverflow digit by
-   digit with checks; with its size known, PyLong_AsUnsignedLongLongMask is exact and a loop
-   of three shifts. Elsewhere (a CPython whose private calls may differ) -1: ask the API. */
-static inline int64_t
-int_bits(PyObject *obj)
-{
-#if PY_VERSION_HEX < 0x030E0000
-    return (int64_t)_PyLong_NumBits(obj); /* -1 only past 2**63 bits */
-#else
-    (void)obj;
-    return -1;
-#endif
-}
-
-/* Whether an int is negative, where int_bits reads its size. */
+/* Whether an int surely fits in `bits` bits, its sign apart, and is not negative unless
+   `negative_ok`: then PyLong_AsUnsignedLongLongMask reads it exactly, a loop of three shifts
+   for a hash-sized int, where PyLong_AsUnsignedLongLong converts it through the generic
+   _PyLong_AsByteArray (230 instructions) and PyLong_AsLongLongAndOverflow digit by digit with
+   checks. 0 also where it cannot tell (a CPython whose private calls may differ): ask the API. */
 static inline int
-int_negative(PyObject *obj)
+fits_in(PyObject *obj, int64_t bits, int negative_ok)
 {
 #if PY_VERSION_HEX < 0x030E0000
-    return _PyLong_Sign(obj) < 0;
+    int64_t width = (int64_t)_PyLong_NumBits(obj);
+    if (width < 0) {
+        PyErr_Clear(); /* past 2**63 bits: the API says what it is */
+        return 0;
+    }
+    return width <= bits && (negative_ok || _PyLong_Sign(obj) >= 0);
 #else
-    (void)obj;
-    return 1;
+    (void)obj, (void)bits, (void)negative_ok;
+    return 0;
 #endif
 }
 
@@ -454,8 +447,7 @@ key_of(PyObject *obj, int64_t *out)
     if (!PyLong_Check(obj)) {
         return 0;
     }
-    int64_t bits = int_bits(obj);
-    if (bits >= 0 && bits < 64) { /* within int64 either sign: the mask is its two's complement */
+    if (fits_in(obj, 63, 1)) { /* within int64 either sign: the mask is its two's complement */
         *out = (int64_t)PyLong_AsUnsignedLongLongMask(obj);
         return *out != -1;
     }
@@ -1257,8 +1249,7 @@ id_of(PyObject *obj, int64_t *out)
     if (!PyLong_Check(obj)) {
         return 0;
     }
-    int64_t size = int_bits(obj);
-    if (size >= 0 && size <= 64 && !int_negative(obj)) {
+    if (fits_in(obj, 64, 0)) {
         unsigned long long fast = PyLong_AsUnsignedLongLongMask(obj);
         *out = (int64_t)fast;
         return fast != (unsigned long long)-1; /* 2**64 - 1: its bits are EMPTY's */
