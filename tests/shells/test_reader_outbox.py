@@ -12,12 +12,19 @@ import trio.testing
 import zmq
 
 from tests.zmq_helpers import pairs
+from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex
-from tskv.core.reader_messages import FrameReader, News, news
+from tskv.core.reader_messages import FrameReader, News, Report, news
 from tskv.core.worker_view import WorkerFigures
 from tskv.shells._inbox import Inbound
 from tskv.shells._live_pump import PUMP_AVAILABLE, Clock, LivePump
-from tskv.shells._reader_child import FRAME_PASSES, FRAME_QUIET, READER_GATHER, Outbox
+from tskv.shells._reader_child import (
+    FRAME_DELAY,
+    FRAME_PASSES,
+    FRAME_QUIET,
+    READER_GATHER,
+    Outbox,
+)
 
 pytestmark = pytest.mark.skipif(not PUMP_AVAILABLE, reason="the pump needs select.epoll")
 
@@ -112,3 +119,34 @@ async def test_news_while_the_pump_is_idle_goes_after_a_quiet_spell(
         mock_clock.jump(FRAME_QUIET)
         await trio.testing.wait_all_tasks_blocked()
         assert [len(frame.items) for frame in sent.take()] == [3]
+
+
+async def test_a_workers_other_news_rides_in_its_next_batchs_report(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A loss and a failure are kept open and go with the worker's next batch, in one report;
+    the batch after it reports neither again; news of a worker with no batch to come goes in
+    a report of its own."""
+    async with reader_side() as (_, outbox, sent):
+        lost = Loss(4, 6, LossReason.NO_REPLAY)
+        outbox.noted(3, WorkerFigures(losses=1), loss=lost)
+        outbox.noted(3, WorkerFigures(losses=1, failures=1), failure=("refused", 0.5))
+        outbox.noted(3, WorkerFigures(batches=1, losses=1, failures=1), batch=True)
+        outbox.noted(3, WorkerFigures(batches=2, losses=1, failures=1), batch=True)
+        other = Loss(9, None, LossReason.RESTART, new_seq=0)
+        outbox.noted(5, WorkerFigures(losses=1), loss=other)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(FRAME_DELAY)
+        await trio.testing.wait_all_tasks_blocked()
+        (frame,) = sent.take()
+        reports = [item for item in frame.items if isinstance(item, Report)]
+        assert [(report.slot, report.figures.batches) for report in reports] == [
+            (3, 1),
+            (3, 2),
+            (5, 0),
+        ]
+        assert [(report.losses, report.failure) for report in reports] == [
+            ([lost], ("refused", 0.5)),
+            ([], None),
+            ([other], None),
+        ]

@@ -1069,9 +1069,10 @@ keys_and_mask(const char *name, Py_ssize_t nargs, PyObject *const *args, unsigne
 
 /* let_go(keys, bit): Holdings.release's usual case in one call, for a worker whose keys have
    no other refs and no predictions: each key's mask without `bit` (a key left with none
-   removed), None and holdings.ABSENT passed over; returns the keys let go of, in order. None
-   when a mask or `bit` is past 64 bits (over 64 workers): the Python loop does those. A key
-   not held raises KeyError, as holders[key] does, after the keys before it were let go of. */
+   removed), None and holdings.ABSENT passed over; returns how many keys it let go of (a
+   count, not a list: release needs only to know it was done). None when a mask or `bit` is
+   past 64 bits (over 64 workers): the Python loop does those. A key not held raises KeyError,
+   as holders[key] does, after the keys before it were let go of. */
 static PyObject *
 KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1084,11 +1085,10 @@ KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     PyObject *fast = PySequence_Fast(args[0], "let_go takes a sequence of keys");
-    PyObject *let_go = fast == NULL ? NULL : PyList_New(0);
-    if (let_go == NULL) {
-        Py_XDECREF(fast);
+    if (fast == NULL) {
         return NULL;
     }
+    Py_ssize_t let_go = 0;
     PyObject **items = PySequence_Fast_ITEMS(fast);
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
     for (Py_ssize_t n = 0; n < count; n++) {
@@ -1102,22 +1102,17 @@ KeyTable_let_go(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
             if (i == -1) {
                 PyErr_SetObject(PyExc_KeyError, item);
             }
-            goto error;
+            Py_DECREF(fast);
+            return NULL;
         }
         t->slots[i].mask &= ~(uint64_t)bit;
         if (t->slots[i].mask == 0) {
             remove_at(t, (size_t)i);
         }
-        if (PyList_Append(let_go, item) < 0) {
-            goto error;
-        }
+        let_go++;
     }
     Py_DECREF(fast);
-    return let_go;
-error:
-    Py_DECREF(fast);
-    Py_DECREF(let_go);
-    return NULL;
+    return PyLong_FromSsize_t(let_go);
 }
 
 /* add_new's work on keys made C integers: when none of `keys` is in the table nor twice in
@@ -1208,7 +1203,7 @@ static PyMethodDef KeyTable_methods[] = {
     {"add_new", (PyCFunction)(void (*)(void))KeyTable_add_new, METH_FASTCALL,
      "add_new(keys, mask): store keys none of which is held, or none; whether it did."},
     {"let_go", (PyCFunction)(void (*)(void))KeyTable_let_go, METH_FASTCALL,
-     "let_go(keys, bit): keys without bit; those let go of, or None for wide masks."},
+     "let_go(keys, bit): keys without bit; how many it let go of, or None for wide masks."},
     {"clear_bits", (PyCFunction)KeyTable_clear_bits, METH_O,
      "clear_bits(bits): take `bits` out of every mask, and the keys left with none."},
     {"leading", (PyCFunction)(void (*)(void))KeyTable_leading, METH_FASTCALL,

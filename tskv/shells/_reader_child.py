@@ -111,7 +111,12 @@ class Outbox:
     ) -> None:
         assert isinstance(worker, int)  # a reader's watcher names its workers by their slots
         # taken out: a batch seals it into a report, other news puts it back
-        entry = self._open.pop(worker, None) or _Open(figures)
+        entry = self._open.pop(worker, None)
+        if entry is None:
+            if batch and loss is None and failure is None:  # the usual news: nothing open
+                self._seal(self._report(worker, figures, [], None))
+                return
+            entry = _Open(figures)
         entry.figures = figures
         if loss is not None:
             if self._losses < MAX_LOSSES:
@@ -121,13 +126,20 @@ class Outbox:
                 self._dropped_losses += 1
         if failure is not None:
             entry.failure = failure  # failures come a backoff apart: the latest is the news
-        if batch:  # its own report: the index's process applies one at a time, between queries
-            self._sealed.append(self._report(worker, entry))
-            self._batches += 1
-            if self._batches >= OUTBOX_BATCHES:
-                self._send_soon()
+        if batch:
+            self._seal(self._report(worker, figures, entry.losses, entry.failure))
         else:
             self._open[worker] = entry
+            if self._has_news:
+                self._has_news.unpark_all()
+
+    def _seal(self, report: Report) -> None:
+        """A batch's report, its own: the index's process applies one at a time, between
+        queries."""
+        self._sealed.append(report)
+        self._batches += 1
+        if self._batches >= OUTBOX_BATCHES:
+            self._send_soon()
         if self._has_news:  # most batches find the sender waiting for a pass, not here
             self._has_news.unpark_all()
 
@@ -137,12 +149,16 @@ class Outbox:
         self.noted(worker, figures, batch=True)
         await self.room()
 
-    def _report(self, slot: int, entry: _Open) -> Report:
+    def _report(
+        self,
+        slot: int,
+        figures: WorkerFigures,
+        losses: list[Loss],
+        failure: tuple[str, float] | None,
+    ) -> Report:
         runs, ops = self._index.take_changes(slot)
         strings, lookahead = self._index.seen_strings, self._index.lookahead(slot)
-        return Report(
-            slot, entry.figures, runs, strings, entry.losses, entry.failure, ops, lookahead
-        )
+        return Report(slot, figures, runs, strings, losses, failure, ops, lookahead)
 
     def log(self, record: logging.LogRecord) -> None:
         if len(self._logs) < MAX_LOGS:
@@ -196,7 +212,10 @@ class Outbox:
 
     def _news(self) -> News:
         """Everything queued, as one frame, and the queue emptied."""
-        reports = self._sealed + [self._report(slot, entry) for slot, entry in self._open.items()]
+        reports = self._sealed + [
+            self._report(slot, entry.figures, entry.losses, entry.failure)
+            for slot, entry in self._open.items()
+        ]
         self._open = {}
         items: list[Report | LogLine | Hashes] = [*reports, *self._logs, *self._answers]
         made = News(time.process_time(), items, self._dropped_losses, self._dropped_logs)
