@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import trio
 import zmq
 
-from benchmarks.processes import child, percentile, rss, zmq_io_seconds
+from benchmarks.processes import child, kernel_seconds, percentile, rss, zmq_io_seconds
 from benchmarks.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
@@ -206,26 +206,35 @@ async def _wrong_views(watcher: Watcher, published: list[int], cached: int) -> i
     return wrong
 
 
-def _per_batch(
-    watcher: Watcher, workers: int, before: tuple[float, float, int], queries: float
-) -> dict[str, float]:
+CPU = tuple[float, float, int, float, float]  # what `_cpu` gives
+
+
+def _per_batch(watcher: Watcher, workers: int, before: CPU, queries: float) -> dict[str, float]:
     """CPU per batch applied since `before`: the index's process, less `queries` (the CPU
-    seconds of the bench's own queries in it), and with the readers; and how many batches."""
-    cpu, readers, batches = _cpu(watcher, workers)
+    seconds of the bench's own queries in it), and with the readers; of the readers', their
+    ZeroMQ I/O threads' and the kernel's; and how many batches."""
+    cpu, readers, batches, readers_io, readers_kernel = _cpu(watcher, workers)
     applied = max(batches - before[2], 1)
     index = cpu - before[0] - queries
     return {
         "cpu_us": index / applied * 1e6,
         "total_cpu_us": (index + readers - before[1]) / applied * 1e6,
         "queries_cpu_us": queries / applied * 1e6,
+        "readers_io_us": (readers_io - before[3]) / applied * 1e6,
+        "readers_kernel_us": (readers_kernel - before[4]) / applied * 1e6,
         "batches": applied,
     }
 
 
-def _cpu(watcher: Watcher, workers: int) -> tuple[float, float, int]:
-    """This process's CPU seconds, its readers' (as they last reported), batches applied."""
+def _cpu(watcher: Watcher, workers: int) -> CPU:
+    """This process's CPU seconds, its readers' (as they last reported), batches applied, and
+    the readers' seconds in their ZeroMQ I/O threads and in the kernel (from /proc, now)."""
     readers = sum(reader.cpu_seconds for reader in watcher.readers)
-    return time.process_time(), readers, sum(watcher.status(w).batches for w in range(workers))
+    batches = sum(watcher.status(w).batches for w in range(workers))
+    pids = [reader.pid for reader in watcher.readers if reader.pid is not None]
+    io = sum(zmq_io_seconds(pid) for pid in pids)
+    kernel = sum(kernel_seconds(pid) for pid in pids)
+    return time.process_time(), readers, batches, io, kernel
 
 
 class _Queries:

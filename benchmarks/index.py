@@ -331,16 +331,22 @@ def _keeping_current(out: Callable[[str], None]) -> None:
     out("\n## One router keeping the index current (small rounds: 10 events of 4 blocks)\n")
     out(
         "| workers | followed in | rounds/s each | index process CPU per batch | "
-        "with its readers | workers one index core keeps at 200 rounds/s | behind | losses | "
+        "with its readers | of the readers': ZeroMQ's I/O threads, the kernel | "
+        "workers one index core keeps at 200 rounds/s | behind | losses | "
         "publisher rounds late |"
     )
-    out("|---|---|---|---|---|---|---|---|---|")
+    out("|---|---|---|---|---|---|---|---|---|---|")
     for workers, processes in ((16, 0), (64, 0), (64, 1), (64, 2)):
         run = watch_scale(workers, processes=processes, rate=50)
         where = "the index's process" if not processes else _readers(processes)
+        inside = (
+            f"{run['readers_io_us']:.0f} µs, {run['readers_kernel_us']:.0f} µs"
+            if processes
+            else "n/a"
+        )
         out(
             f"| {workers} | {where} | 50 | {run['cpu_us']:.0f} µs | {run['total_cpu_us']:.0f} µs | "
-            f"{1e6 / run['cpu_us'] / 200:.0f} | {run['behind']} | {run['losses']} | "
+            f"{inside} | {1e6 / run['cpu_us'] / 200:.0f} | {run['behind']} | {run['losses']} | "
             f"{run['late_rounds']} of {run['rounds']} |"
         )
 

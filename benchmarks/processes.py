@@ -40,18 +40,29 @@ def rss(pid: int | None = None) -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def zmq_io_seconds() -> float:
-    """CPU seconds this process's ZeroMQ I/O threads have used (Linux: they are named so): what
-    a PUB's subscribers cost beyond the send itself is spent there."""
+def zmq_io_seconds(pid: int | str = "self") -> float:
+    """CPU seconds a process's ZeroMQ I/O threads have used (Linux: they are named so): what
+    a PUB's subscribers cost beyond the send itself is spent there, and a SUB's receiving."""
     total = 0
-    for thread in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{thread}/comm") as comm:
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{thread}/comm") as comm:
             if not comm.read().startswith("ZMQbg/IO"):
                 continue
-        with open(f"/proc/self/task/{thread}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime: clock ticks
+        user, kernel = _cpu_ticks(f"/proc/{pid}/task/{thread}/stat")
+        total += user + kernel
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def kernel_seconds(pid: int | str = "self") -> float:
+    """CPU seconds a process (all its threads) has spent in the kernel."""
+    return _cpu_ticks(f"/proc/{pid}/stat")[1] / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(stat_path: str) -> tuple[int, int]:
+    """utime and stime, in clock ticks, from a /proc stat file."""
+    with open(stat_path) as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
 
 
 def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 0) -> str:
