@@ -231,9 +231,13 @@ def _cpu(watcher: Watcher, workers: int) -> CPU:
     the readers' seconds in their ZeroMQ I/O threads and in the kernel (from /proc, now)."""
     readers = sum(reader.cpu_seconds for reader in watcher.readers)
     batches = sum(watcher.status(w).batches for w in range(workers))
-    pids = [reader.pid for reader in watcher.readers if reader.pid is not None]
-    io = sum(zmq_io_seconds(pid) for pid in pids)
-    kernel = sum(kernel_seconds(pid) for pid in pids)
+    io = kernel = 0.0
+    for reader in watcher.readers:
+        try:
+            io += zmq_io_seconds(reader.pid or 0)
+            kernel += kernel_seconds(reader.pid or 0)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # ended as it was read (it is started again): its share is lost, not the run
     return time.process_time(), readers, batches, io, kernel
 
 
