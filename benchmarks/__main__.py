@@ -49,6 +49,7 @@ SECTIONS = [
     "index",
     "fleet",
     "reader",
+    "receive",
     "routing",
     "failures",
 ]
@@ -105,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.reader_cost import reader_section
 
         reader_section(out)
+    if "receive" in sections:
+        from benchmarks.receive_cost import receive_section
+
+        receive_section(out)
     if "failures" in sections:
         from benchmarks.failures import failures_section
 
