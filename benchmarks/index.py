@@ -331,7 +331,8 @@ def _keeping_current(out: Callable[[str], None]) -> None:
     out("\n## One router keeping the index current (small rounds: 10 events of 4 blocks)\n")
     out(
         "| workers | followed in | rounds/s each | index process CPU per batch | "
-        "with its readers | of the readers': ZeroMQ's I/O threads, the kernel | "
+        "with its readers | of the readers': in ZeroMQ's I/O threads, in the kernel (any "
+        "thread) | "
         "workers one index core keeps at 200 rounds/s | behind | losses | "
         "publisher rounds late |"
     )
