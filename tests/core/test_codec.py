@@ -286,6 +286,23 @@ def test_an_extension_type_anywhere_is_refused_by_every_codec() -> None:
             codec.decode_batch(payload)
 
 
+def test_an_array_as_a_map_key_reads_alike_in_both_codecs() -> None:
+    """An unknown event's map keyed by arrays (in no wire, but msgpack allows it): msgspec
+    reads such a key as a tuple, nested arrays too, and the msgpack codec must agree, not
+    refuse. A map as a key no dict can hold: refused by both."""
+    keyed = {(1, (2, 3)): 4, 5: [6]}  # msgpack writes a tuple as an array
+    payload = msgpack.packb([1.0, [["SomethingNew", keyed]], None], use_bin_type=True)
+    for codec in CODECS.values():
+        (event,) = codec.decode_batch(payload).events
+        assert isinstance(event, UnknownEvent) and dict(event.fields) == {"1": keyed}
+    decodes_or_wire_error(payload)  # the codecs agree, and it is sent on unchanged
+    map_key = b"\x81\x81\x01\x02\x05"  # {{1: 2}: 5}
+    head = msgpack.packb(1.0) + b"\x91\x92" + msgpack.packb("SomethingNew")
+    for codec in CODECS.values():
+        with pytest.raises(WireError, match="not valid msgpack"):
+            codec.decode_batch(b"\x93" + head + map_key + b"\xc0")
+
+
 def test_wire_error_is_a_value_error_and_non_bytes_is_refused() -> None:
     assert issubclass(WireError, ValueError)
     with pytest.raises(WireError, match="must be bytes"):

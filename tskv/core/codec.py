@@ -281,11 +281,30 @@ def _no_ext(code: int, data: object) -> Any:
     raise WireError(f"extension type {code} is in no KV event wire")
 
 
+def _hashable_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A map whose keys may be arrays, read as msgspec reads it: an array key (and any array
+    inside it) as a tuple. A map key stays a dict, which no map can take: refused, as there."""
+    return {_frozen(key): value for key, value in pairs}
+
+
+def _frozen(key: Any) -> Any:
+    return tuple(_frozen(item) for item in key) if type(key) is list else key
+
+
 def _msgpack_codec() -> Codec:
     packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 
     def unpack(payload: bytes) -> Any:
-        return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_no_ext)
+        try:
+            return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_no_ext)
+        except TypeError:  # an array as a map key, in no wire but allowed in an unknown event
+            return msgpack.unpackb(
+                payload,
+                raw=False,
+                strict_map_key=False,
+                ext_hook=_no_ext,
+                object_pairs_hook=_hashable_keys,
+            )
 
     return Codec("msgpack", packer.pack, unpack)
 
