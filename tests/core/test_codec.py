@@ -303,6 +303,42 @@ def test_an_array_as_a_map_key_reads_alike_in_both_codecs() -> None:
             codec.decode_batch(b"\x93" + head + map_key + b"\xc0")
 
 
+@pytest.mark.parametrize(
+    "where",
+    ["unknown event", "unknown field", "extra_keys", "mm_key field", "a key", "positional"],
+)
+@pytest.mark.parametrize(  # its three forms: 4 bytes, 8 (nanoseconds), 12 (before 1970)
+    "stamp", [msgpack.Timestamp(1, 0), msgpack.Timestamp(1, 500), msgpack.Timestamp(-5, 7)]
+)
+def test_a_msgpack_timestamp_is_refused_alike_wherever_values_pass_through(
+    where: str, stamp: msgpack.Timestamp
+) -> None:
+    """msgspec reads the timestamp extension as a datetime (to the microsecond, rounding) and
+    msgpack as a Timestamp (to the nanosecond): refused by both, as other extensions are,
+    where no field's check would refuse it. Each of its three encodings (4, 8, 12 bytes)."""
+    stored = ["BlockStored", [1], None, [5] * 16, 16, None, None, None]
+    event = {
+        "unknown event": ["SomethingNew", [stamp]],
+        "unknown field": [*stored, None, None, None, None, None, None, {"x": stamp}],
+        "extra_keys": [*stored, [[stamp]]],
+        "mm_key field": {
+            "type": "BlockStored",
+            "block_hashes": [1],
+            "parent_block_hash": None,
+            "token_ids": [5] * 16,
+            "block_size": 16,
+            "mm_keys": [[{"hash": "h", "start_offset": 0, "more": stamp}]],
+        },
+        "a key": ["SomethingNew", {(1, stamp): 2}],
+        "positional": ["SomethingNew", stamp],
+    }[where]
+    payload = msgpack.packb([1.0, [event], None], use_bin_type=True)
+    for codec in CODECS.values():
+        with pytest.raises(WireError, match="extension type -1"):
+            codec.decode_batch(payload)
+    decodes_or_wire_error(payload)
+
+
 def test_wire_error_is_a_value_error_and_non_bytes_is_refused() -> None:
     assert issubclass(WireError, ValueError)
     with pytest.raises(WireError, match="must be bytes"):
