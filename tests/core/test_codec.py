@@ -27,6 +27,7 @@ from tskv import (
     decode_batch,
 )
 from tskv.core.codec import DroppedFields, available_codecs, encode_round
+from tskv.core.codec_parity import MAX_NESTING
 from tskv.core.events import FIELDS, OPTIONAL_FIELDS, event_fields
 
 TOKENSPEED = load_vectors("tokenspeed_wire.json")
@@ -337,6 +338,28 @@ def test_a_msgpack_timestamp_is_refused_alike_wherever_values_pass_through(
         with pytest.raises(WireError, match="extension type -1"):
             codec.decode_batch(payload)
     decodes_or_wire_error(payload)
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING - 2, MAX_NESTING + 5, 995, 1010])
+@pytest.mark.parametrize("where", ["unknown event", "extra_keys"])
+def test_deep_values_are_refused_alike_past_the_nesting_limit(where: str, depth: int) -> None:
+    """msgspec stops at Python's recursion limit (less its caller's depth), msgpack at 1,024
+    levels: past MAX_NESTING both refuse a value that passes through, so they never disagree
+    on one nested between the two limits."""
+    head = b"\x93" + msgpack.packb(1.0) + b"\x91"
+    if where == "unknown event":
+        event = b"\x92" + msgpack.packb("SomethingNew")
+    else:  # a BlockStored's ninth positional field
+        stored = ["BlockStored", [1], None, [5] * 16, 16, None, None, None]
+        event = b"\x99" + msgpack.packb(stored)[1:]
+    payload = head + event + b"\x91" * depth + b"\x01" + b"\xc0"
+    decodes_or_wire_error(payload)
+    for codec in CODECS.values():
+        if depth < MAX_NESTING:
+            codec.decode_batch(payload)
+        else:
+            with pytest.raises(WireError):
+                codec.decode_batch(payload)
 
 
 def test_wire_error_is_a_value_error_and_non_bytes_is_refused() -> None:

@@ -14,8 +14,7 @@ anything that does not fit that fast path goes through the general one, which ch
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -23,6 +22,7 @@ import attrs
 import msgpack
 
 from tskv.core._msgspec import msgspec
+from tskv.core.codec_parity import hashable_keys, refusal
 from tskv.core.errors import TskvError, TskvTypeError, Warn, python_warning
 from tskv.core.events import (
     ALWAYS_SENT,
@@ -272,7 +272,7 @@ class Codec:
             else:  # its one field that takes any value: extra_keys
                 for event in batch.events:
                     if type(event) is BlockStored and event.extra_keys is not None:
-                        _refuse_timestamps(batch.events)
+                        _refuse_what_codecs_read_apart(batch)
                         break
                 return batch
         try:
@@ -280,59 +280,20 @@ class Codec:
         except Exception as exc:  # every decoder failure, whatever its class, is a wire error
             raise WireError(f"payload is not valid msgpack ({exc})") from None
         batch = from_plain(raw)
-        _refuse_timestamps(batch.events)
+        _refuse_what_codecs_read_apart(batch)
         return batch
 
 
-_TIMESTAMPS = (datetime.datetime, msgpack.Timestamp)  # msgspec's reading of one, and msgpack's
-
-
-def _refuse_timestamps(events: Sequence[KVEvent]) -> None:
-    """msgspec reads a msgpack timestamp (extension type -1) as a datetime, to the microsecond,
-    and msgpack as a msgpack.Timestamp, to the nanosecond: the two codecs would hand over
-    different values and send on different bytes. No KV event wire uses it, so it is refused
-    as every other extension type is, wherever values pass through unchecked (the checked
-    fields refuse it already): unknown events and fields, extra_keys, mm_keys' fields."""
-    for index, event in enumerate(events):
-        if isinstance(event, UnknownEvent):
-            pending: list[Any] = [event.fields]
-        elif isinstance(event, BlockStored):
-            if event.extra_keys is None and event.mm_keys is None and not event.unknown_fields:
-                continue  # the usual event: nothing passed through
-            pending = [event.extra_keys, event.mm_keys, event.unknown_fields]
-        elif event.unknown_fields:
-            pending = [event.unknown_fields]
-        else:
-            continue
-        while pending:
-            item = pending.pop()
-            if isinstance(item, (list, tuple)):
-                pending.extend(item)
-            elif isinstance(item, Mapping):
-                pending.extend(item.keys())
-                pending.extend(item.values())
-            elif isinstance(item, MMKey):
-                pending.append(item.unknown_fields)
-            elif isinstance(item, _TIMESTAMPS):
-                raise WireError(
-                    f"event {index}: extension type -1 (a timestamp) is in no KV event wire"
-                )
+def _refuse_what_codecs_read_apart(batch: KVEventBatch) -> None:
+    why = refusal(batch.events)
+    if why is not None:
+        raise WireError(why)
 
 
 def _no_ext(code: int, data: object) -> Any:
     """No KV event wire uses msgpack's extension types; each library would hand one over as
     its own class, which the other could not send on, so a payload with one is refused."""
     raise WireError(f"extension type {code} is in no KV event wire")
-
-
-def _hashable_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    """A map whose keys may be arrays, read as msgspec reads it: an array key (and any array
-    inside it) as a tuple. A map key stays a dict, which no map can take: refused, as there."""
-    return {_frozen(key): value for key, value in pairs}
-
-
-def _frozen(key: Any) -> Any:
-    return tuple(_frozen(item) for item in key) if type(key) is list else key
 
 
 def _msgpack_codec() -> Codec:
@@ -347,7 +308,7 @@ def _msgpack_codec() -> Codec:
                 raw=False,
                 strict_map_key=False,
                 ext_hook=_no_ext,
-                object_pairs_hook=_hashable_keys,
+                object_pairs_hook=hashable_keys,
             )
 
     return Codec("msgpack", packer.pack, unpack)
