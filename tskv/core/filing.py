@@ -44,6 +44,12 @@ class Filed:
 
 
 PLAIN_FILED = Filed(False, False, 0)  # the usual batch's: shared, not made a batch
+
+
+def filed(cleared: bool, strings: bool, lookahead: int) -> Filed:
+    return Filed(cleared, strings, lookahead) if cleared or strings or lookahead else PLAIN_FILED
+
+
 RunKeys = list[int | None]  # a run's keys, None for an orphan's
 
 
@@ -95,7 +101,7 @@ class Filing:
             elif not isinstance(event, UnknownEvent):  # an unknown event changes nothing known
                 raise not_an_event("PrefixIndex.apply: event", event)
         strings = self.store_run(view, stored) or strings
-        return Filed(cleared, strings, view.lookahead)
+        return filed(cleared, strings, view.lookahead)
 
     def apply_read(self, worker: Worker, batch: ReadBatch) -> Filed:
         """File a batch the compiled core read (`read_batch`) as `apply` files its events: a
@@ -118,9 +124,9 @@ class Filing:
                 ids, keys, mismatched, orphans = core.read_run(steps, size, view.blocks, PLAIN_ROOT)
                 if not add_new(view.blocks, ids, keys):  # nothing changed: filed from events
                     rest = self.apply(worker, batch.events[start:])
-                    return Filed(cleared or rest.cleared, rest.strings, rest.lookahead)
+                    return filed(cleared or rest.cleared, rest.strings, rest.lookahead)
                 self._hold_new(view, keys, mismatched, orphans)
-        return Filed(cleared, False, view.lookahead) if cleared or view.lookahead else PLAIN_FILED
+        return filed(cleared, False, view.lookahead)
 
     def _hold_new(self, view: WorkerBlocks, keys: RunKeys, mismatched: int, orphans: int) -> None:
         """The worker holds a run's keys (`orphans` of them None), its blocks stored in its
