@@ -7,6 +7,7 @@ subscribers, which only receive, show what a subscriber costs the publishers the
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import struct
 import tempfile
@@ -173,6 +174,11 @@ def _router(
                     result[f"match_{blocks}"] = [
                         percentile(kind, share) for kind in times for share in (0.5, 0.99)
                     ]
+                    calm = queries.calm[blocks]
+                    result[f"match_{blocks}_calm"] = [
+                        1 - len(calm) / max(len(times[1]), 1),
+                        percentile(calm, 0.99),
+                    ]
                 result["query_wait"] = [percentile(queries.waits, share) for share in (0.5, 0.99)]
                 result["indexed_at_end"] = len(index) / (len(endpoints) * cached)
                 result["wrong_views"] = await _wrong_views(watcher, wanted, cached)
@@ -248,6 +254,9 @@ class _Queries:
     def __init__(self) -> None:
         # blocks held -> (wall, CPU) µs of each match
         self.latencies: dict[int, tuple[list[float], list[float]]] = {40: ([], []), 4: ([], [])}
+        # blocks held -> CPU µs of each match the OS did not switch out while it ran: one it
+        # switched out pays the switch and comes back to caches another process has used
+        self.calm: dict[int, list[float]] = {40: [], 4: []}
         self.waits: list[float] = []  # µs each request waited for the router's loop
         self.cpu = 0.0  # s
 
@@ -314,8 +323,9 @@ async def _answer(
     blocks a worker holds (a recent round's chain of worker 0: its 10 events share their 64
     token ids) and one whose first 4 are held, then tokens no one holds; every request waiting
     is answered in one wakeup, as a router should. Wall time, and this thread's CPU time (the
-    match's own cost, without the moments the OS ran another process instead); and how long
-    each request waited for the router's loop (the OS's other processes included)."""
+    match's own cost, without the moments the OS ran another process instead) and whether the
+    OS switched it out meanwhile (RUSAGE_THREAD's involuntary switches); and how long each
+    request waited for the router's loop (the OS's other processes included)."""
     assert requests.sock is not None
     latencies, turn, pending = queries.latencies, 0, b""
     while data := await requests.sock.recv(1 << 16):
@@ -329,10 +339,13 @@ async def _answer(
             recent = max((watcher.status(0).last_seq or 0) - 10, 0) * blocks_per_round("small")
             chain = (list(range(1000 + recent, 1000 + recent + 64)) * 10)[: cached * BLOCK]
             prompt = chain + list(range(900_000_000, 900_000_000 + PROMPT - len(chain)))
+            switched = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
             began, cpu = time.perf_counter(), time.thread_time()
             index.match(prompt)
             latencies[cached][0].append((time.perf_counter() - began) * 1e6)
-            latencies[cached][1].append((time.thread_time() - cpu) * 1e6)
+            latencies[cached][1].append(spent := (time.thread_time() - cpu) * 1e6)
+            if resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw == switched:
+                queries.calm[cached].append(spent)
             queries.cpu += time.thread_time() - made
         pending = pending[whole:]
 

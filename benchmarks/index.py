@@ -373,7 +373,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "its CPU: all processes, "
         "index process | the publishers' process meanwhile | "
         "stale then / indexed | "
-        "match, 40 blocks held: p50 / p99 wall, CPU | match, 4 blocks held | "
+        "match, 40 blocks held: p50 / p99 wall, CPU; CPU p99 of the matches the OS did not "
+        "switch out (and the share it did) | match, 4 blocks held | "
         "a request's wait for the loop: p50 / p99 | "
         "index process memory a block | readers' | CPU per batch once current, no requests: "
         "index process, and with readers; with requests, the same | the loop's CPU a request | "
@@ -384,10 +385,13 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
     # (a process more to switch to, fewer messages a pass) than it takes off the first
     for rate, processes in ((50, 1), (50, 2), (5, 1)):
         run = watch_scale(64, processes=processes, rate=rate, seconds=5, cached=50_000)
-        matches = [
-            "{:.0f} / {:.0f} µs, {:.0f} / {:.0f} µs".format(*run[f"match_{blocks}"])
-            for blocks in (40, 4)
-        ]
+        matches = []
+        for blocks in (40, 4):
+            switched, calm = run[f"match_{blocks}_calm"]
+            matches.append(
+                "{:.0f} / {:.0f} µs, {:.0f} / {:.0f} µs".format(*run[f"match_{blocks}"])
+                + f"; not switched out: {calm:.0f} µs ({switched:.1%} were)"
+            )
         waited = "{:.0f} / {:.0f} µs".format(*run["query_wait"])
         out(
             f"| {rate} | {_readers(processes)} | {run['bootstrap_s']:.1f} s | "
