@@ -267,8 +267,8 @@ fetch_bits(const KeyTable *t, int64_t bits)
 
 /* For a key about to be let go of: its home slot and, when that slot lies in the second half
    of its cache line, the next line too. Letting go of a key moves back the keys after it in
-   its run (remove_at), which then reach into the next line about half the time; asking for it
-   always cost as much on the keys a batch stores as it gained here. */
+   its run (remove_at), which then reach into the next line about half the time. (Asked for on
+   every key, that line cost as much on the keys a batch stores as it gained on these.) */
 static inline void
 fetch_for_removal(const KeyTable *t, int64_t bits)
 {
