@@ -319,20 +319,22 @@ class KeyTableAsADict(RuleBasedStateMachine):
         drawn=st.lists(
             st.lists(st.one_of(keys, st.sampled_from([None, -1])), max_size=20), max_size=4
         ),
-        packed=st.booleans(),
+        packed=st.sampled_from(["no", "a view", "bytes"]),
     )
-    def mirror(self, bit: int, drawn: list[list[int | None]], packed: bool) -> None:
+    def mirror(self, bit: int, drawn: list[list[int | None]], packed: str) -> None:
         """A reader's runs, as `Holdings.hold` and `release` take them for a mirrored worker
         (a let-go run may name None or ABSENT, -1, for a block that held nothing), as lists or
-        packed, as the index's process parses them from a report: every copy, a key the worker
-        holds already counted in its extra copies, its hold let go of with the last."""
+        packed (a buffer of 8-byte keys, or the bytes a report carries, as the index's process
+        keeps them): every copy, a key the worker holds already counted in its extra copies,
+        its hold let go of with the last."""
         runs = [
             run if number % 2 else [key for key in run if key is not None and key != -1]
             for number, run in enumerate(drawn)
         ]
-        given = runs
-        if packed:  # a block that held nothing is -1 there
-            given = [memoryview(array("q", [-1 if k is None else k for k in run])) for run in runs]
+        given: list[Any] = list(runs)
+        if packed != "no":  # a block that held nothing is -1 there
+            arrays = [array("q", [-1 if k is None else k for k in run]) for run in runs]
+            given = [memoryview(a) if packed == "a view" else a.tobytes() for a in arrays]
         extra = self.extra.setdefault(bit, {})
         expected, expected_extra, raised = dict(self.model), dict(extra), None
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Callable
 
 import msgpack
@@ -120,14 +121,20 @@ def streams(draw: st.DrawFn) -> list[tuple[str, list]]:  # type: ignore[type-arg
 
 
 @settings(max_examples=400)
-@given(streams(), st.lists(queries, min_size=1, max_size=5), st.booleans())
+@given(
+    streams(),
+    st.lists(queries, min_size=1, max_size=5),
+    st.sampled_from(["applied", "mirrored", "packed"]),
+)
 def test_every_answer_equals_the_brute_force_oracle(
     stream: list[tuple[str, list]],  # type: ignore[type-arg]
     asked: list[Query],
-    mirrored: bool,
+    how: str,
 ) -> None:
-    """The index that applies the events answers, or (`mirrored`) one that mirrors its
-    changes as a watcher's reader process sends them (msgpack, and back)."""
+    """The index that applies the events answers, or one that mirrors its changes as a
+    watcher's reader process sends them (msgpack, and back; "packed": each run's keys in
+    bytes, as the index's process keeps them from a report)."""
+    mirrored = how != "applied"
     source, oracle = PrefixIndex(BS, record_changes=mirrored), Oracle()
     index = PrefixIndex(BS) if mirrored else source
     for worker, events in stream:
@@ -139,6 +146,8 @@ def test_every_answer_equals_the_brute_force_oracle(
             source.apply(worker, KVEventBatch(0.0, events))
             if mirrored:
                 runs, ops = msgpack.unpackb(msgpack.packb(source.take_changes(worker)))
+                if how == "packed":
+                    runs = [array("q", run).tobytes() for run in runs]
                 index.apply_changes(worker, runs, ops, strings=source.seen_strings)
             oracle.apply(worker, events)
         for query in asked:
@@ -303,9 +312,12 @@ def test_statistics_are_a_frozen_value_counting_what_the_index_could_not_use() -
     assert stats.workers == 2 and index.statistics().workers == 1  # a value, not a view
 
 
-def applied_or_mirrored(mirrored: bool) -> tuple[PrefixIndex, Callable[[str, list[KVEvent]], None]]:
+def applied_or_mirrored(
+    mirrored: bool | str,
+) -> tuple[PrefixIndex, Callable[[str, list[KVEvent]], None]]:
     """An index, and how to give it a worker's events: applied, or (`mirrored`) applied by an
-    index that records its changes, which this one mirrors as a reader's frames carry them."""
+    index that records its changes, which this one mirrors as a reader's frames carry them
+    ("packed": each run's keys packed in bytes, as the index's process keeps them)."""
     source = PrefixIndex(BS, record_changes=mirrored)
     index = PrefixIndex(BS) if mirrored else source
 
@@ -313,12 +325,14 @@ def applied_or_mirrored(mirrored: bool) -> tuple[PrefixIndex, Callable[[str, lis
         source.apply(worker, events)
         if mirrored:
             runs, ops = msgpack.unpackb(msgpack.packb(source.take_changes(worker)))
+            if mirrored == "packed":
+                runs = [array("q", run).tobytes() for run in runs]
             index.apply_changes(worker, runs, ops)
 
     return index, apply
 
 
-@pytest.mark.parametrize("mirrored", [False, True])
+@pytest.mark.parametrize("mirrored", [False, True, "packed"])
 @pytest.mark.parametrize("ending", ["removed", "cleared", "turned hybrid"])
 def test_one_content_under_two_hashes_is_held_until_both_blocks_go(
     mirrored: bool, ending: str
@@ -343,6 +357,13 @@ def test_one_content_under_two_hashes_is_held_until_both_blocks_go(
     apply("v", [BlockRemoved([1])])
     assert index.match([5, 5]) == {}
     assert len(index) == (2 if ending == "turned hybrid" else 1)  # and no hold left behind
+
+
+def test_a_run_of_packed_keys_that_is_not_whole_keys_is_refused() -> None:
+    index = PrefixIndex(BS)
+    with pytest.raises(TypeError, match="8 bytes a key, not 12 bytes"):
+        index.apply_changes("w", [bytes(12)])
+    assert len(index) == 0
 
 
 def test_an_index_that_records_its_changes_sends_its_queries_to_the_mirror() -> None:

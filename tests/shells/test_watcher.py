@@ -535,13 +535,14 @@ async def test_a_reader_reports_a_snapshot_a_part_at_a_time(
 ) -> None:
     """Reported whole, a 50,000-block snapshot held the index process's loop, and the queries
     in it, for 25-50 ms."""
+    from tskv.core.holdings import run_keys
     from tskv.shells._reader_mirror import ReaderMirror
 
     reports: list[tuple[int, bool]] = []  # each report that takes holds: how many, stale
     mirrored = ReaderMirror.report
 
     def noting(self: ReaderMirror, worker: Worker, report: Any) -> None:
-        taken = sum(len(keys) for keys in report.changes[::2])
+        taken = sum(len(run_keys(run)) for run in report.changes[::2])
         if taken:
             reports.append((taken, report.figures.stale))
         mirrored(self, worker, report)

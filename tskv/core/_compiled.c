@@ -31,6 +31,7 @@ What it holds:
 #if PY_VERSION_HEX < 0x030B0000
 #include <longintrepr.h> /* Python.h includes it from 3.11 on */
 #endif
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
@@ -972,12 +973,29 @@ mirror_keys(KeyTable *t, uint64_t bit, int letting_go, const int64_t *keys, Py_s
     return 0;
 }
 
-/* One run as mirror() takes it: packed keys (a buffer of 8-byte ints in this machine's order,
-   format "q", as reader_messages parses a report's runs) are read as they are; any other
-   sequence is made C integers first, None and ABSENT among keys let go of as EMPTY. */
+/* A bytes object's data follows its header at an offset that keeps 8-byte integers aligned
+   (objects themselves are allocated 16-byte aligned), so packed keys are read in place. */
+_Static_assert(offsetof(PyBytesObject, ob_sval) % _Alignof(int64_t) == 0,
+               "bytes data aligned for int64_t");
+
+/* One run as mirror() takes it: packed keys (bytes, as a reader's report carries them, or a
+   buffer of format "q": 8-byte ints in this machine's order) are read as they are; any other
+   sequence is made C integers first, None and ABSENT among keys let go of as EMPTY. Bytes are
+   read in place: a memoryview over them, which a report's parse made before, was two objects
+   for the garbage collector to count, and a frame's worth of them set it running. */
 static int
 mirror_run(KeyTable *t, uint64_t bit, int letting_go, PyObject *run, PyObject *extra)
 {
+    if (PyBytes_CheckExact(run)) {
+        Py_ssize_t size = PyBytes_GET_SIZE(run);
+        const char *data = PyBytes_AS_STRING(run);
+        if (size % 8) {
+            PyErr_Format(PyExc_TypeError, "a run of packed keys is 8 bytes a key, not %zd bytes",
+                         size);
+            return -1;
+        }
+        return mirror_keys(t, bit, letting_go, (const int64_t *)data, size / 8, extra);
+    }
     Py_buffer view;
     if (!PyList_Check(run) && PyObject_CheckBuffer(run)) {
         if (PyObject_GetBuffer(run, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {

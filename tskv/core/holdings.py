@@ -133,6 +133,18 @@ def note_run(
         runs.append(list(keys))
 
 
+def run_keys(run: Sequence[int]) -> Sequence[int]:
+    """A run's keys as ints. Bytes are packed keys, 8 bytes each in this machine's order, as a
+    reader's report carries them (the compiled table reads those in place); any other sequence
+    is the keys themselves."""
+    if type(run) is not bytes:
+        return run
+    if len(run) % 8:
+        raise TypeError(f"a run of packed keys is 8 bytes a key, not {len(run)} bytes")
+    keys: list[int] = memoryview(run).cast("q").tolist()
+    return keys
+
+
 def every_copy(view: WorkerBlocks) -> list[int]:
     """The key of each copy of each block the worker holds."""
     keys = [key for key in view.blocks.values() if key is not None]
@@ -253,11 +265,11 @@ class Holdings:
         ):  # what `hold` and `release` do, in one compiled loop
             table.mirror(view.bit, runs, view.extra_refs)
         else:
-            for number, keys in enumerate(runs):
+            for number, run in enumerate(runs):
                 if number % 2:
-                    self.release(view, keys)
+                    self.release(view, run_keys(run))
                 else:
-                    self.hold(view, keys)
+                    self.hold(view, run_keys(run))
         if ops:
             if view.hybrid is None:
                 view.hybrid = HybridView(self.block_size)

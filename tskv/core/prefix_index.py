@@ -396,7 +396,8 @@ class PrefixIndex:
         lookahead: int = 0,
     ) -> None:
         """Mirror another index's `take_changes` for `worker`, whose blocks that index keeps
-        (a watcher's reader process); `strings`: that index has seen string token ids;
+        (a watcher's reader process); a run may also come as bytes, its keys packed 8 bytes
+        each in this machine's order; `strings`: that index has seen string token ids;
         `lookahead`: the worker's engine hashes that many tokens after each block."""
         self._strings = self._strings or strings
         view = self._holdings.view(worker)

@@ -7,9 +7,10 @@ for a worker's engine hashes (`AskHashes`). A reader answers with `News` frames:
 its log records (`LogLine`), the answers (`Hashes`), and what it had to drop to stay bounded.
 Each message goes as a msgpack array tagged with its kind; a frame is its length (4 bytes,
 little-endian) and the packed message. A report's keys go as 8-byte integers in this
-machine's order, packed in bytes: the index's process reads them as they are
-(`PrefixIndex.apply_changes` takes any sequence of ints, and the compiled table the bytes
-themselves) instead of making an int object of each. Only the two ends of one pipe ever
+machine's order, packed in bytes, and the index's process keeps them so
+(`PrefixIndex.apply_changes` takes a run as packed bytes: the compiled table reads them in
+place) instead of making an int object of each, or a view of each run for the collector to
+count. Only the two ends of one pipe ever
 speak on it, so a message that does not parse is a bug on the other end:
 `ReaderMessageError` says which.
 """
@@ -27,6 +28,7 @@ import msgpack
 from tskv.core import compiled
 from tskv.core._msgspec import msgspec
 from tskv.core.errors import TskvError
+from tskv.core.holdings import run_keys
 from tskv.core.hybrid import Op
 from tskv.core.losses import Loss, LossReason
 from tskv.core.worker_view import WorkerFigures
@@ -80,8 +82,10 @@ class Report:
 
     slot: int
     figures: WorkerFigures
-    # runs of keys: lists where made, read-only views of the packed keys where parsed
-    changes: Sequence[Sequence[int]] = attrs.field(eq=lambda runs: [list(run) for run in runs])
+    # runs of keys: lists where made, the packed keys' bytes where parsed
+    changes: Sequence[Sequence[int]] = attrs.field(
+        eq=lambda runs: [list(run_keys(run)) for run in runs]
+    )
     strings: bool = False
     losses: list[Loss] = attrs.Factory(list)
     failure: tuple[str, float] | None = None
@@ -160,7 +164,9 @@ def _plain(message: Command | News | Report | LogLine | Hashes) -> tuple[Any, ..
 
 
 def _pack_keys(keys: Sequence[int]) -> bytes:
-    """A run of keys as 8-byte integers in this machine's order."""
+    """A run of keys as 8-byte integers in this machine's order (packed already: as it is)."""
+    if type(keys) is bytes:
+        return keys
     if compiled.core is not None:
         packed: bytes = compiled.core.pack_keys(keys)
         return packed
@@ -217,17 +223,14 @@ def _loss_in(value: Any) -> Loss:
         raise ReaderMessageError(f"reader pipe: no loss reason {reason!r}") from None
 
 
-def _changes_in(value: Any) -> list[memoryview] | list[list[int]]:
+def _changes_in(value: Any) -> list[bytes]:
+    """The runs as they came, packed (`holdings.run_keys` reads them)."""
     if type(value) is not list:
         raise _refused("changes as runs of 8-byte keys", value)
-    views = []
     for run in value:
         if type(run) is not bytes or len(run) % 8:
             raise _refused("changes as runs of 8-byte keys", value)
-        views.append(memoryview(run).cast("q"))  # keys are what hash() gave: any int
-    if compiled.core is None:  # the pure path's dicts take ints: made at C speed, here
-        return [view.tolist() for view in views]
-    return views
+    return value
 
 
 _SHAPES = {
