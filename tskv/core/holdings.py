@@ -14,6 +14,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tskv.core import compiled
+from tskv.core.errors import TskvTypeError
 from tskv.core.events import BlockStored
 from tskv.core.groups import CacheGroup
 from tskv.core.hybrid import HybridView, Op
@@ -140,7 +141,7 @@ def run_keys(run: Sequence[int]) -> Sequence[int]:
     if type(run) is not bytes:
         return run
     if len(run) % 8:
-        raise TypeError(f"a run of packed keys is 8 bytes a key, not {len(run)} bytes")
+        raise TskvTypeError(f"a run of packed keys is 8 bytes a key, not {len(run)} bytes")
     keys: list[int] = memoryview(run).cast("q").tolist()
     return keys
 
