@@ -120,6 +120,11 @@ def streams(draw: st.DrawFn) -> list[tuple[str, list]]:  # type: ignore[type-arg
     return out
 
 
+def packed(runs: list[list[int]]) -> list[bytes]:
+    """Runs as a reader's report carries them: each run's keys, 8 bytes each, in bytes."""
+    return [array("q", run).tobytes() for run in runs]
+
+
 @settings(max_examples=400)
 @given(
     streams(),
@@ -147,7 +152,7 @@ def test_every_answer_equals_the_brute_force_oracle(
             if mirrored:
                 runs, ops = msgpack.unpackb(msgpack.packb(source.take_changes(worker)))
                 if how == "packed":
-                    runs = [array("q", run).tobytes() for run in runs]
+                    runs = packed(runs)
                 index.apply_changes(worker, runs, ops, strings=source.seen_strings)
             oracle.apply(worker, events)
         for query in asked:
@@ -326,7 +331,7 @@ def applied_or_mirrored(
         if mirrored:
             runs, ops = msgpack.unpackb(msgpack.packb(source.take_changes(worker)))
             if mirrored == "packed":
-                runs = [array("q", run).tobytes() for run in runs]
+                runs = packed(runs)
             index.apply_changes(worker, runs, ops)
 
     return index, apply

@@ -282,12 +282,22 @@ fetch_for_removal(const KeyTable *t, int64_t bits)
     }
 }
 
+/* The slots a lookup of `bits` will read: `removing`, the key found is taken out. */
+static inline void
+fetch_key(const KeyTable *t, int64_t bits, int removing)
+{
+    if (removing) {
+        fetch_for_removal(t, bits);
+    } else {
+        fetch_bits(t, bits);
+    }
+}
+
 static inline void
 fetch_home(const KeyTable *t, PyObject *obj, int removing)
 {
     if (PyLong_Check(obj)) {
-        int64_t bits = (int64_t)PyLong_AsUnsignedLongLongMask(obj); /* an int: no error */
-        removing ? fetch_for_removal(t, bits) : fetch_bits(t, bits);
+        fetch_key(t, (int64_t)PyLong_AsUnsignedLongLongMask(obj), removing); /* no error */
     }
 }
 
@@ -312,11 +322,10 @@ fetch_keys_ahead(const KeyTable *t, const int64_t *keys, Py_ssize_t count, Py_ss
                  int removing)
 {
     for (Py_ssize_t k = 0; n == 0 && k < count && k < FETCH_AHEAD; k++) {
-        removing ? fetch_for_removal(t, keys[k]) : fetch_bits(t, keys[k]);
+        fetch_key(t, keys[k], removing);
     }
     if (n + FETCH_AHEAD < count) {
-        removing ? fetch_for_removal(t, keys[n + FETCH_AHEAD])
-                 : fetch_bits(t, keys[n + FETCH_AHEAD]);
+        fetch_key(t, keys[n + FETCH_AHEAD], removing);
     }
 }
 
