@@ -25,7 +25,7 @@ from tskv.core.block_keys import chain_in_python, root_key
 from tskv.core.events import BlockStored
 from tskv.core.filing import run_keys
 from tskv.core.holdings import ABSENT, Bits
-from tskv.core.prefix_index import _walk, counts_of
+from tskv.core.prefix_index import PLAIN_ROOT, Match, _walk, counts_of
 
 _compiled = pytest.importorskip("tskv.core._compiled", reason="the compiled core is not built here")
 HOME = Path(__file__).resolve().parents[2]
@@ -155,39 +155,89 @@ def test_walk_gives_the_reference_walk(case: tuple[Any, ...], keep_keys: bool) -
     assert _compiled.walk(table, predicted, root, request, size, None) == walked
 
 
-@settings(max_examples=300)
-@given(walks(), st.integers(0, 70))
-def test_a_whole_query_gives_the_reference_counts(case: tuple[Any, ...], workers: int) -> None:
-    """`leading` is `_leading_counts` over a table in one call: the same counts in the same
-    order, the same error where a mask has a bit no worker has; None where a mask is past 64
-    bits (the caller walks then)."""
-    real, _, root, request, size = case
+def matcher_over(
+    real: dict[int, int], size: int, workers: int, stale: set[Any] | None = None
+) -> tuple[Any, Bits, tuple[Any, ...], list[Any]]:
+    """A Matcher over a table of `real`, with `workers` workers; and the conditions it reads
+    (hybrids, lookaheads, predictions), for a test to change."""
     bits = Bits()
-    for worker in range(workers):
-        bits.take(f"w{worker}")
+    known = tuple(f"w{worker}" for worker in range(workers))
+    for worker in known:
+        bits.take(worker)
     table = _compiled.KeyTable()
     table.update(real)
-    answer = outcome(table.leading, root, request, size, bits.by_position)
+    bars: list[Any] = [{}, set(), {}]
+    matcher = _compiled.Matcher(table, Match, size, set() if stale is None else stale, *bars)
+    matcher.set_workers(bits.by_position, known)
+    return matcher, bits, known, bars
+
+
+@settings(max_examples=300)
+@given(walks(), st.integers(0, 70), st.sets(st.integers(0, 80), max_size=3))
+def test_a_whole_query_gives_the_reference_answer(
+    case: tuple[Any, ...], workers: int, stale_numbers: set[int]
+) -> None:
+    """The Matcher is `_leading_counts` over a table in one call: the same counts in the same
+    order, the same error where a mask has a bit no worker has, a Match as the index makes
+    it; None where a mask is past 64 bits (the general path walks then)."""
+    real, _, root, request, size = case
+    stale = {f"w{number}" for number in stale_numbers}
+    matcher, bits, known, _ = matcher_over(real, size, workers, stale)
+    answer = outcome(matcher, root, request)
     if any(mask >> 64 for mask in real.values()):
         assert answer is None
         return
     walked = outcome(_walk, (real, None), root, (request, None, None), size, 0, None)
-    expected = walked if isinstance(walked, type) else outcome(counts_of, walked, bits)
-    assert answer == expected
-    if isinstance(answer, dict):
-        assert list(answer) == list(expected)
+    if isinstance(walked, type):
+        assert answer is walked
+        return
+    expected = outcome(counts_of, walked, bits)
+    if isinstance(expected, type):
+        assert answer is expected
+        return
+    assert type(answer) is Match
+    assert (answer, list(answer)) == (expected, list(expected))
+    made = Match(expected, frozenset(stale), None, None, size, known)
+    for slot in Match.__slots__:
+        assert getattr(answer, slot) == getattr(made, slot)
+
+
+def test_a_whole_query_declines_what_the_general_path_answers() -> None:
+    """None, so that the index walks, while a worker is hybrid, hashes with lookahead or is
+    predicted, or the token ids are not a list; an answer again once none of them holds."""
+    key = hash((PLAIN_ROOT, (1, 2)))
+    matcher, _, _, bars = matcher_over({key: 1}, 2, 1)
+    assert matcher(PLAIN_ROOT, [1, 2]) == {"w0": 1}
+    assert matcher(PLAIN_ROOT, (1, 2)) is None
+    for bar, entry in zip(bars, ["w0", 1, key], strict=True):
+        if isinstance(bar, dict):
+            bar[entry] = 1
+        else:
+            bar.add(entry)
+        assert matcher(PLAIN_ROOT, [1, 2]) is None
+        bar.clear()
+    assert matcher(PLAIN_ROOT, [1, 2]) == {"w0": 1}
 
 
 def test_a_whole_query_names_what_it_refuses() -> None:
     table = _compiled.KeyTable()
-    with pytest.raises(TypeError, match="workers must be a tuple"):
-        table.leading(0, [1], 1, [])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="size = 0 must be at least 1"):
-        table.leading(0, [1], 0, ())
-    with pytest.raises(TypeError, match="tokens must be a sequence"):
-        table.leading(0, 5, 1, ())  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="takes 4 arguments"):
-        table.leading(0, [1], 1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="answer a dict subclass"):
+        _compiled.Matcher(table, list, 1, set(), {}, set(), {})
+    with pytest.raises(TypeError, match="size at least 1"):
+        _compiled.Matcher(table, Match, 0, set(), {}, set(), {})
+
+    class Unslotted(dict[Any, int]):
+        stale = workers = block_size = predicted = lower = None
+
+    with pytest.raises(TypeError, match="answer's stale must be a slot"):
+        _compiled.Matcher(table, Unslotted, 1, set(), {}, set(), {})
+    with pytest.raises(TypeError, match="no keyword arguments"):
+        _compiled.Matcher(table, Match, 1, set(), {}, set(), predictions={})
+    matcher = _compiled.Matcher(table, Match, 1, set(), {}, set(), {})
+    with pytest.raises(TypeError, match=r"takes \(key, tokens\)"):
+        matcher(0)
+    with pytest.raises(TypeError, match="set_workers"):
+        matcher.set_workers([], ())
 
 
 junk = st.one_of(tokens, st.none(), st.text(max_size=2), st.floats(), st.lists(tokens, max_size=2))

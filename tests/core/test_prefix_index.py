@@ -157,7 +157,10 @@ def test_every_answer_equals_the_brute_force_oracle(
             oracle.apply(worker, events)
         for query in asked:
             tokens, salt, mm = query
-            assert dict(index.match(tokens, cache_salt=salt, mm_keys=mm)) == oracle.match(query)
+            answer = index.match(tokens, cache_salt=salt, mm_keys=mm)
+            assert dict(answer) == oracle.match(query)
+            assert (answer.workers, answer.stale) == (tuple(index.workers), index.stale)
+            assert answer.block_size == BS and answer.predicted == answer.lower == {}
     for worker, held in oracle.held.items():
         assert source.engine_hashes(worker) == set(held)
         for path in held.values():  # every prefix a worker holds, asked for

@@ -14,6 +14,7 @@ What it holds:
     straight from their token ids: no tuple a block, no Python call an event.
   walk(real, predicted, key, tokens, size, keys_out): the match's walk down a request's
     blocks, the masks of the workers holding each, until no worker holds one.
+  Matcher: PrefixIndex.match's usual query whole (walk, counts and answer) in one call.
   KeyTable: the holders map (content key -> bit mask of the workers holding it) as a dict of
     ints would be, in 16 bytes a slot: a Python dict of 3.2M int keys and masks costs about
     100 bytes a key and three cache misses a lookup (the table, the entry, the key object);
@@ -31,6 +32,7 @@ What it holds:
 #if PY_VERSION_HEX < 0x030B0000
 #include <longintrepr.h> /* Python.h includes it from 3.11 on */
 #endif
+#include <structmember.h> /* T_OBJECT_EX, PyMember_SetOne: a Match's slots */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -1235,8 +1237,6 @@ static PySequenceMethods KeyTable_as_sequence = {
     .sq_contains = (objobjproc)KeyTable_contains,
 };
 
-static PyObject *KeyTable_leading(KeyTable *table, PyObject *const *args, Py_ssize_t nargs);
-
 static PyMethodDef KeyTable_methods[] = {
     {"get", (PyCFunction)(void (*)(void))KeyTable_get, METH_FASTCALL,
      "get(key, default=None): the key's mask, or default."},
@@ -1254,8 +1254,6 @@ static PyMethodDef KeyTable_methods[] = {
      "let_go(keys, bit): keys without bit; how many it let go of, or None for wide masks."},
     {"clear_bits", (PyCFunction)KeyTable_clear_bits, METH_O,
      "clear_bits(bits): take `bits` out of every mask, and the keys left with none."},
-    {"leading", (PyCFunction)(void (*)(void))KeyTable_leading, METH_FASTCALL,
-     "leading(key, tokens, size, workers) -> {worker: blocks} | None: the usual match."},
     {"__sizeof__", (PyCFunction)KeyTable_sizeof, METH_NOARGS, "the table's bytes"},
     {NULL, NULL, 0, NULL},
 };
@@ -1907,66 +1905,254 @@ count_workers(PyObject *counts, PyObject *workers, uint64_t mask, Py_ssize_t blo
     return 0;
 }
 
-/* table.leading(key, tokens, size, workers) -> {worker: blocks} | None
+/* ---- Matcher: the usual match, whole ----
 
-   The usual query whole, as prefix_index.counts_of makes it of a plain walk's changes: each
-   worker holding the request's first blocks -> how many, `workers[i]` the worker of bit i
-   (None for a free bit). None where the table holds a mask above 64 bits: the caller walks
-   instead. One call and one dict, where the walk's changes cost a list of tuples and Python
-   to turn them into counts. */
-static PyObject *
-KeyTable_leading(KeyTable *table, PyObject *const *args, Py_ssize_t nargs)
+PrefixIndex.match for a request with no per-block identity, its token ids a list, while no
+worker is hybrid, hashes with lookahead or is predicted, on a table whose masks fit 64 bits:
+one call walks, counts and makes the prefix_index.Match, as prefix_index.counts_of would count
+a plain walk's changes. It keeps what an answer needs (the table, the worker of each bit, the
+stale set, the Match type's slots) so that a query reads a few objects: at 3.2M keys on a busy
+router each object a query reads is a cache miss, and the misses of the Python path's attribute
+chains and frames cost more than the walk. Holdings tells it when the workers change
+(set_workers); the index's own dicts and sets that rule the usual path out are read as they
+are, so it never needs telling about them. */
+
+enum { STALE, WORKERS, BLOCK_SIZE, PREDICTED, LOWER, ANSWER_SLOTS };
+static const char *const ANSWER_SLOT_NAME[ANSWER_SLOTS] = {
+    "stale", "workers", "block_size", "predicted", "lower",
+};
+enum { HYBRIDS, LOOKAHEADS, PREDICTIONS, BARS };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    KeyTable *table;
+    PyTypeObject *answer;              /* prefix_index.Match: a dict subclass with those slots */
+    PyObject *slot[ANSWER_SLOTS];      /* its member descriptors */
+    Py_ssize_t block_size;
+    PyObject *size;                    /* the same, an int, for block_size */
+    PyObject *by_position;             /* the worker of each bit (None: a free one), a tuple */
+    PyObject *known;                   /* every worker, a tuple */
+    PyObject *stale;                   /* the index's set of stale workers */
+    PyObject *bars[BARS];              /* while one of these is not empty the general path answers */
+    PyObject *no_stale;                /* frozenset(): the usual answer's stale */
+} Matcher;
+
+static PyTypeObject MatcherType;
+
+/* The counts of a walk's `found` changes into `counts`, as counts_of makes them; -1 with an
+   exception set. */
+static int
+count_changes(PyObject *counts, PyObject *workers, const Change *changes, Py_ssize_t found,
+              Py_ssize_t blocks)
 {
-    if (nargs != 4) {
-        return PyErr_Format(PyExc_TypeError, "leading takes 4 arguments (%zd given)", nargs);
-    }
-    PyObject *key = args[0], *tokens = args[1], *workers = args[3];
-    if (!PyTuple_Check(workers)) {
-        return PyErr_Format(PyExc_TypeError, "leading: workers must be a tuple");
-    }
-    Py_ssize_t size = PyLong_AsSsize_t(args[2]);
-    if (size == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (size < 1) {
-        return PyErr_Format(PyExc_ValueError, "leading: size = %zd must be at least 1", size);
-    }
-    if (table->high) {
-        Py_RETURN_NONE;
-    }
-    PyObject *fast = PySequence_Fast(tokens, "leading: tokens must be a sequence");
-    if (fast == NULL) {
-        return NULL;
-    }
-    Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
-    Change changes[MAX_CHANGES];
-    Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0;
-    Py_ssize_t found = root_hash == -1 ? -1
-                                       : walk_table(table, root_hash, PySequence_Fast_ITEMS(fast),
-                                                    blocks, size, Py_None, changes);
-    Py_DECREF(fast);
-    PyObject *counts = found < 0 ? NULL : PyDict_New();
-    if (counts == NULL) {
-        return NULL;
-    }
     uint64_t active = 0; /* the first change, at depth 0, sets it */
     for (Py_ssize_t i = 0; i < found; i++) { /* some workers' prefixes end at its depth */
         if (changes[i].depth &&
             count_workers(counts, workers, active & ~changes[i].held, changes[i].depth) < 0) {
-            Py_DECREF(counts);
-            return NULL;
+            return -1;
         }
         if (!changes[i].held) {
-            return counts;
+            return 0;
         }
         active = changes[i].held;
     }
-    if (active && count_workers(counts, workers, active, blocks) < 0) {
-        Py_DECREF(counts);
+    return active ? count_workers(counts, workers, active, blocks) : 0;
+}
+
+/* A new Match with no counts yet, made as dict.__new__ makes it (Match.__init__'s frame would
+   cost more than the rest), its slots set as a slot's own descriptor sets it. */
+static PyObject *
+new_answer(Matcher *m)
+{
+    PyObject *none = PyTuple_New(0);
+    PyObject *made = none == NULL ? NULL : m->answer->tp_new(m->answer, none, NULL);
+    Py_XDECREF(none);
+    PyObject *value[ANSWER_SLOTS] = {NULL};
+    value[STALE] = PySet_GET_SIZE(m->stale) ? PyFrozenSet_New(m->stale) : Py_NewRef(m->no_stale);
+    value[WORKERS] = Py_NewRef(m->known);
+    value[BLOCK_SIZE] = Py_NewRef(m->size);
+    value[PREDICTED] = PyDict_New();
+    value[LOWER] = PyDict_New();
+    int failed = made == NULL;
+    for (int s = 0; s < ANSWER_SLOTS; s++) {
+        failed = failed || value[s] == NULL ||
+                 PyMember_SetOne((char *)made, ((PyMemberDescrObject *)m->slot[s])->d_member,
+                                 value[s]) < 0;
+        Py_XDECREF(value[s]);
+    }
+    if (failed) {
+        Py_XDECREF(made);
         return NULL;
+    }
+    return made;
+}
+
+/* matcher(key, tokens) -> Match | None: the usual match from root key `key`, or None where the
+   general path answers (see above). */
+static PyObject *
+Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Matcher *m = (Matcher *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL) {
+        return PyErr_Format(PyExc_TypeError, "a Matcher takes (key, tokens)");
+    }
+    PyObject *tokens = args[1];
+    int usual = PyList_CheckExact(tokens) && !m->table->high &&
+                PyDict_GET_SIZE(m->bars[HYBRIDS]) == 0 &&
+                PySet_GET_SIZE(m->bars[LOOKAHEADS]) == 0 &&
+                PyDict_GET_SIZE(m->bars[PREDICTIONS]) == 0;
+    if (!usual) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t blocks = PyList_GET_SIZE(tokens) / m->block_size;
+    Change changes[MAX_CHANGES];
+    Py_hash_t root_hash = blocks ? PyObject_Hash(args[0]) : 0;
+    Py_ssize_t found = root_hash == -1
+                           ? -1
+                           : walk_table(m->table, root_hash, ((PyListObject *)tokens)->ob_item,
+                                        blocks, m->block_size, Py_None, changes);
+    PyObject *counts = found < 0 ? NULL : new_answer(m);
+    if (counts != NULL && count_changes(counts, m->by_position, changes, found, blocks) < 0) {
+        Py_CLEAR(counts);
     }
     return counts;
 }
+
+/* Matcher(table, answer, size, stale, hybrids, lookaheads, predictions) */
+static PyObject *
+Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *table, *answer, *stale, *bars[BARS];
+    Py_ssize_t size;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        return PyErr_Format(PyExc_TypeError, "Matcher takes no keyword arguments");
+    }
+    if (!PyArg_ParseTuple(args, "O!O!nO!O!O!O!:Matcher", &KeyTableType, &table, &PyType_Type,
+                          &answer, &size, &PySet_Type, &stale, &PyDict_Type, &bars[HYBRIDS],
+                          &PySet_Type, &bars[LOOKAHEADS], &PyDict_Type, &bars[PREDICTIONS])) {
+        return NULL;
+    }
+    if (!PyType_IsSubtype((PyTypeObject *)answer, &PyDict_Type) || size < 1) {
+        return PyErr_Format(PyExc_TypeError, "Matcher(table, answer, size, stale, hybrids, "
+                            "lookaheads, predictions): positional only, answer a dict subclass, "
+                            "size at least 1");
+    }
+    Matcher *m = (Matcher *)type->tp_alloc(type, 0);
+    if (m == NULL) {
+        return NULL;
+    }
+    m->vectorcall = Matcher_call;
+    m->table = (KeyTable *)Py_NewRef(table);
+    m->answer = (PyTypeObject *)Py_NewRef(answer);
+    m->block_size = size;
+    m->stale = Py_NewRef(stale);
+    for (int b = 0; b < BARS; b++) {
+        m->bars[b] = Py_NewRef(bars[b]);
+    }
+    m->by_position = PyTuple_New(0);
+    m->known = PyTuple_New(0);
+    m->size = PyLong_FromSsize_t(size);
+    m->no_stale = PyFrozenSet_New(NULL);
+    int failed = !m->by_position || !m->known || !m->size || !m->no_stale;
+    for (int s = 0; s < ANSWER_SLOTS && !failed; s++) {
+        m->slot[s] = PyObject_GetAttrString(answer, ANSWER_SLOT_NAME[s]);
+        failed = m->slot[s] == NULL;
+        if (!failed && (!Py_IS_TYPE(m->slot[s], &PyMemberDescr_Type) ||
+                        ((PyMemberDescrObject *)m->slot[s])->d_member->type != T_OBJECT_EX)) {
+            PyErr_Format(PyExc_TypeError, "Matcher: answer's %s must be a slot",
+                         ANSWER_SLOT_NAME[s]);
+            failed = 1;
+        }
+    }
+    if (failed) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return (PyObject *)m;
+}
+
+/* set_workers(by_position, known): the index's workers changed. */
+static PyObject *
+Matcher_set_workers(Matcher *m, PyObject *args)
+{
+    PyObject *by_position, *known;
+    if (!PyArg_ParseTuple(args, "O!O!:set_workers", &PyTuple_Type, &by_position, &PyTuple_Type,
+                          &known)) {
+        return NULL;
+    }
+    Py_SETREF(m->by_position, Py_NewRef(by_position));
+    Py_SETREF(m->known, Py_NewRef(known));
+    Py_RETURN_NONE;
+}
+
+static int
+Matcher_traverse(Matcher *m, visitproc visit, void *arg)
+{
+    Py_VISIT(m->table);
+    Py_VISIT(m->answer);
+    for (int s = 0; s < ANSWER_SLOTS; s++) {
+        Py_VISIT(m->slot[s]);
+    }
+    Py_VISIT(m->size);
+    Py_VISIT(m->by_position);
+    Py_VISIT(m->known);
+    Py_VISIT(m->stale);
+    for (int b = 0; b < BARS; b++) {
+        Py_VISIT(m->bars[b]);
+    }
+    Py_VISIT(m->no_stale);
+    return 0;
+}
+
+static int
+Matcher_clear(Matcher *m)
+{
+    Py_CLEAR(m->table);
+    Py_CLEAR(m->answer);
+    for (int s = 0; s < ANSWER_SLOTS; s++) {
+        Py_CLEAR(m->slot[s]);
+    }
+    Py_CLEAR(m->size);
+    Py_CLEAR(m->by_position);
+    Py_CLEAR(m->known);
+    Py_CLEAR(m->stale);
+    for (int b = 0; b < BARS; b++) {
+        Py_CLEAR(m->bars[b]);
+    }
+    Py_CLEAR(m->no_stale);
+    return 0;
+}
+
+static void
+Matcher_dealloc(Matcher *m)
+{
+    PyObject_GC_UnTrack(m);
+    (void)Matcher_clear(m);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyMethodDef Matcher_methods[] = {
+    {"set_workers", (PyCFunction)Matcher_set_workers, METH_VARARGS,
+     "set_workers(by_position, known): the index's workers changed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject MatcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tskv.core._compiled.Matcher",
+    .tp_doc = "The usual PrefixIndex.match in one call: matcher(key, tokens) -> Match | None.",
+    .tp_basicsize = sizeof(Matcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Matcher, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = Matcher_new,
+    .tp_traverse = (traverseproc)Matcher_traverse,
+    .tp_clear = (inquiry)Matcher_clear,
+    .tp_dealloc = (destructor)Matcher_dealloc,
+    .tp_methods = Matcher_methods,
+};
 
 /* walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks)
 
@@ -2767,6 +2953,7 @@ PyMODINIT_FUNC
 PyInit__compiled(void)
 {
     if (PyType_Ready(&KeyTableType) < 0 || PyType_Ready(&BlockMapType) < 0 ||
+        PyType_Ready(&MatcherType) < 0 ||
         (ZERO == NULL && (ZERO = PyLong_FromLong(0)) == NULL)) {
         return NULL;
     }
@@ -2783,7 +2970,8 @@ PyInit__compiled(void)
     PyObject *made = PyModule_Create(&module);
     if (made != NULL &&
         (PyModule_AddObjectRef(made, "KeyTable", (PyObject *)&KeyTableType) < 0 ||
-         PyModule_AddObjectRef(made, "BlockMap", (PyObject *)&BlockMapType) < 0)) {
+         PyModule_AddObjectRef(made, "BlockMap", (PyObject *)&BlockMapType) < 0 ||
+         PyModule_AddObjectRef(made, "Matcher", (PyObject *)&MatcherType) < 0)) {
         Py_CLEAR(made);
     }
     return made;

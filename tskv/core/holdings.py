@@ -22,7 +22,7 @@ from tskv.core.predictions import Predictions
 from tskv.core.tiers import BlockId, BlockKeys, Tier
 
 if TYPE_CHECKING:
-    from tskv.core._compiled import KeyTable
+    from tskv.core._compiled import KeyTable, Matcher
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
@@ -174,13 +174,19 @@ class Holdings:
         # bit -> the worker's copies taken and let go of since last asked, in order: runs of
         # keys, taken, let go of, taken... (a reader process sends them on: `take_changes`)
         self.journal: dict[int, list[list[int]]] | None = {} if journal else None
+        self.matcher: Matcher | None = None  # the index's usual match, told when workers change
 
     def view(self, worker: Worker) -> WorkerBlocks:
         view = self.views.get(worker)
         if view is None:
             view = self.views[worker] = WorkerBlocks(self.bits.take(worker))
-            self.known = tuple(self.views)
+            self._workers_changed()
         return view
+
+    def _workers_changed(self) -> None:
+        self.known = tuple(self.views)
+        if self.matcher is not None:
+            self.matcher.set_workers(self.bits.by_position, self.known)
 
     def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
         """The worker holds each key (once more, if it held it already)."""
@@ -320,10 +326,10 @@ class Holdings:
         view = self.views.pop(worker, None)
         if view is None:
             return None
-        self.known = tuple(self.views)
         self.hybrids.pop(worker, None)
         self.clear(view)
         if self.journal is not None:
             self.journal.pop(view.bit, None)  # whoever asks for its changes has let it go
         self.bits.give_back(view.bit)
+        self._workers_changed()
         return view.bit

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -46,6 +46,9 @@ from tskv.core.hybrid import Op
 from tskv.core.predictions import MAX_ENTRIES, Predictions
 from tskv.core.read_batch import ReadBatch
 from tskv.core.worker_view import Changes, ViewChange, WorkerView
+
+if TYPE_CHECKING:
+    from tskv.core._compiled import Matcher
 
 MAX_PREDICTED = MAX_ENTRIES
 
@@ -93,35 +96,21 @@ class Match(dict[Worker, int]):
         return worker, count
 
 
-_new_dict, _fill = dict.__new__, dict.update
-
-
-def _usual_match(
-    holdings: Holdings,
-    lookaheads: set[int],
-    stale: set[Worker],
-    token_ids: Sequence[int | str],
-    lora_name: str | None,
-    cache_salt: str | None,
-) -> Match | None:
-    """The usual query (no per-block identity) in one call to the compiled core, which walks
-    and counts; None where the general walk is wanted: no compiled core, workers with hybrid
-    groups or lookahead, predictions, a mask above 64 bits. Its `Match` is made without
-    `__init__`, whose frame and defaults cost 1-2 µs a request where the CPU's caches are
-    cold, as a busy router's are."""
-    table = holdings.table
-    if table is None or holdings.hybrids or lookaheads or holdings.predictions.masks:
+def _matcher_for(holdings: Holdings, stale: set[Worker], lookaheads: set[int]) -> Matcher | None:
+    """The compiled core's `Matcher` for an index, where this process has the core: the usual
+    query (no per-block identity, token ids a list of ints) in one call, which walks, counts
+    and makes the `Match`; it declines (None) while a worker is hybrid, hashes with lookahead
+    or is predicted, and the general path answers. It reads the index's stale set and those
+    conditions as they change; the holdings tell it when the workers do."""
+    if holdings.table is None or compiled.core is None:
         return None
-    usual = lora_name is None and cache_salt is None
-    key = PLAIN_ROOT if usual else root_key(lora_name, cache_salt)
-    found = table.leading(key, token_ids, holdings.block_size, holdings.bits.by_position)
-    if found is None:
-        return None
-    match: Match = _new_dict(Match)
-    _fill(match, found)
-    match.stale, match.predicted, match.lower = frozenset(stale), {}, {}
-    match.block_size, match.workers = holdings.block_size, holdings.known
-    return match
+    masks = holdings.predictions.masks
+    matcher: Matcher = compiled.core.Matcher(
+        holdings.table, Match, holdings.block_size, stale, holdings.hybrids, lookaheads, masks
+    )
+    holdings.matcher = matcher
+    matcher.set_workers(holdings.bits.by_position, holdings.known)
+    return matcher
 
 
 # Where a walk looks a key up: the real holders, and the predicted ones (or None)
@@ -223,6 +212,32 @@ Request = tuple[
     Sequence[Sequence[MMKey]] | None,
 ]
 Answer = tuple[int, Bits]
+
+
+def _walked_match(
+    holdings: Holdings, lookaheads: set[int], stale: frozenset[Worker], request: Request
+) -> Match:
+    """The general path of `PrefixIndex.match`: the walk (one a lookahead size, and each
+    hybrid worker's engine answer, where there are such workers), then the walk over the
+    predictions too where some are in force."""
+    size, predictions = holdings.block_size, holdings.predictions
+    answer: Answer = (size, holdings.bits)
+    lower: dict[Worker, int] = {}
+    if holdings.hybrids or lookaheads:
+        real, lower = _engine_answers(holdings, lookaheads, request, answer)
+    else:
+        real = _leading_counts((holdings.holders, None), *request, *answer)
+    if predictions.masks:
+        predictions.expire()
+    if not predictions.masks:  # one walk, on the real blocks only
+        return Match(real, stale, None, lower, size, holdings.known)
+    counts = {**real}
+    for worker, count in _leading_counts(
+        (holdings.holders, predictions.masks), *request, *answer
+    ).items():
+        counts[worker] = max(count, real.get(worker, 0))
+    predicted = {w: n - real.get(w, 0) for w, n in counts.items() if n > real.get(w, 0)}
+    return Match(counts, stale, predicted, lower, size, holdings.known)
 
 
 def _engine_answers(
@@ -339,6 +354,7 @@ class PrefixIndex:
         self._stale: set[Worker] = set()  # the workers whose view is stale, for answers
         self._strings = False  # a string token id was seen: queries' string ones are digested
         self._lookaheads: set[int] = set()  # lookahead sizes some worker's hashes cover
+        self._matcher = _matcher_for(self._holdings, self._stale, self._lookaheads)
 
     # -- the stream's side ------------------------------------------------------------------
 
@@ -466,6 +482,13 @@ class PrefixIndex:
         """For each worker, how many of the request's leading full blocks it holds. The
         request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
         must be given as its engine would see it, or its blocks are other blocks."""
+        matcher = self._matcher  # the usual query, whole in the compiled core (`_matcher_for`)
+        if matcher is not None and extra_keys is None and mm_keys is None and not self._strings:
+            plain = lora_name is None and cache_salt is None
+            key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
+            usual: Match | None = matcher(key, token_ids)
+            if usual is not None:
+                return usual
         if type(token_ids) is not list and (  # a list, the usual: no check against the ABC
             isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence)
         ):
@@ -475,30 +498,8 @@ class PrefixIndex:
         _answering(self._holdings, "match")
         if self._strings:
             token_ids, _ = int_tokens(token_ids)
-        if extra_keys is None and mm_keys is None:
-            holdings, lookaheads, stale = self._holdings, self._lookaheads, self._stale
-            usual = _usual_match(holdings, lookaheads, stale, token_ids, lora_name, cache_salt)
-            if usual is not None:
-                return usual
-        size = self.block_size
         request: Request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
-        answer: Answer = (size, self._holdings.bits)
-        lower: dict[Worker, int] = {}
-        if self._holdings.hybrids or self._lookaheads:
-            real, lower = _engine_answers(self._holdings, self._lookaheads, request, answer)
-        else:
-            real = _leading_counts((self._holdings.holders, None), *request, *answer)
-        if self._predictions.masks:
-            self._predictions.expire()
-        if not self._predictions.masks:  # the usual case: one walk, on the real blocks only
-            return Match(real, frozenset(self._stale), None, lower, size, self._holdings.known)
-        either = (self._holdings.holders, self._predictions.masks)
-        counts = {**real}
-        for worker, count in _leading_counts(either, *request, *answer).items():
-            counts[worker] = max(count, real.get(worker, 0))
-        predicted = {w: n - real.get(w, 0) for w, n in counts.items() if n > real.get(w, 0)}
-        known = self._holdings.known
-        return Match(counts, frozenset(self._stale), predicted, lower, size, known)
+        return _walked_match(self._holdings, self._lookaheads, frozenset(self._stale), request)
 
     def predict(
         self,
