@@ -219,6 +219,38 @@ def test_a_whole_query_declines_what_the_general_path_answers() -> None:
     assert matcher(PLAIN_ROOT, [1, 2]) == {"w0": 1}
 
 
+class Emptying:
+    """A token id whose hash empties the list it is in (its items then move)."""
+
+    def __init__(self, tokens: list[Any]) -> None:
+        self.tokens = tokens
+
+    def __hash__(self) -> int:
+        self.tokens.clear()
+        self.tokens.extend(range(10_000))  # the list's items are made again elsewhere
+        self.tokens.clear()
+        return 5
+
+
+def test_a_walk_whose_token_ids_move_stops_with_an_error() -> None:
+    """Where a token id's own __hash__ changes the list being walked, the walk stops naming
+    it, the Matcher's and walk()'s alike, rather than read the list's old, freed items."""
+    held = {hash((PLAIN_ROOT, (1, 2, 3, 4))): 1}  # the first block: the walk goes on
+    table = _compiled.KeyTable()
+    table.update(held)
+    matcher = _compiled.Matcher(table, Match, 4, set(), {}, set(), {})
+    matcher.set_workers(("w",), ("w",))
+    for walk in (
+        lambda tokens: matcher(PLAIN_ROOT, tokens),
+        lambda tokens: _compiled.walk(table, None, PLAIN_ROOT, tokens, 4, None),
+        lambda tokens: _compiled.walk(held, None, PLAIN_ROOT, tokens, 4, None),
+    ):
+        tokens: list[Any] = [1, 2, 3, 4] * 64
+        tokens[5] = Emptying(tokens)
+        with pytest.raises(RuntimeError, match="token ids changed while they were matched"):
+            walk(tokens)
+
+
 def test_a_whole_query_names_what_it_refuses() -> None:
     table = _compiled.KeyTable()
     with pytest.raises(TypeError, match="answer a dict subclass"):

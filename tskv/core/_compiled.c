@@ -77,11 +77,37 @@ pair_hash(Py_hash_t parent_hash, Py_hash_t content_hash)
     return tuple_end(tuple_round(acc, (Py_uhash_t)content_hash), 2);
 }
 
+/* The token ids a walk reads where they lie, in a list or a tuple. A token id whose hash is
+   Python code (a class's __hash__) may change the list meanwhile, and its items then move:
+   the walk checks after each such hash and stops with an error where they did, instead of
+   reading freed memory (the pure path reads whatever Python gives it). */
+typedef struct {
+    PyObject *sequence;
+    PyObject **items; /* where its items were */
+    Py_ssize_t size;  /* and how many */
+} Tokens;
+
+/* Whether `tokens` moved, with an exception set if so. */
+static int
+tokens_moved(const Tokens *tokens)
+{
+    PyObject *list = tokens->sequence;
+    if (!PyList_Check(list) ||
+        (((PyListObject *)list)->ob_item == tokens->items && PyList_GET_SIZE(list) >= tokens->size)) {
+        return 0;
+    }
+    PyErr_SetString(PyExc_RuntimeError,
+                    "the token ids changed while they were matched: a token id's __hash__ "
+                    "changed their list");
+    return 1;
+}
+
 /* hash(item), for a token id without the two calls PyObject_Hash makes: an int below 2**30 in
    magnitude (one digit, as every token id is) is its own hash, -1 made -2 (long_hash in
-   Objects/longobject.c); any other object asks PyObject_Hash. */
+   Objects/longobject.c); any other object asks PyObject_Hash, and then `owner` (NULL where the
+   items cannot move) whether it moved. */
 static inline Py_hash_t
-token_hash(PyObject *item)
+token_hash(PyObject *item, const Tokens *owner)
 {
     if (PyLong_CheckExact(item)) {
 #if PY_VERSION_HEX >= 0x030C0000
@@ -96,16 +122,20 @@ token_hash(PyObject *item)
         }
 #endif
     }
-    return PyObject_Hash(item);
+    Py_INCREF(item); /* a hash in Python may let go of it */
+    Py_hash_t hash = PyObject_Hash(item);
+    Py_DECREF(item);
+    return hash != -1 && owner != NULL && tokens_moved(owner) ? -1 : hash;
 }
 
-/* hash(tuple(items[0:size])) without the tuple; -1 with an exception set if an item has none. */
+/* hash(tuple(items[0:size])) without the tuple; -1 with an exception set if an item has none
+   (or `owner`'s items moved: token_hash). */
 static Py_hash_t
-items_hash(PyObject **items, Py_ssize_t size)
+items_hash(PyObject **items, Py_ssize_t size, const Tokens *owner)
 {
     Py_uhash_t acc = XXPRIME_5;
     for (Py_ssize_t i = 0; i < size; i++) {
-        Py_hash_t item_hash = token_hash(items[i]);
+        Py_hash_t item_hash = token_hash(items[i], owner);
         if (item_hash == -1) {
             return -1;
         }
@@ -126,13 +156,14 @@ int_hash(int64_t value)
     return hash == -1 ? -2 : hash;
 }
 
-/* The key of the block of `size` token ids at `tokens` under the parent whose hash is
-   *parent_hash, into *key; *parent_hash becomes the key's own hash, for the block after it.
-   -1 with an exception set if a token id has no hash. */
+/* The key of block `block` of `size` token ids under the parent whose hash is *parent_hash,
+   into *key; *parent_hash becomes the key's own hash, for the block after it. -1 with an
+   exception set if a token id has no hash. */
 static inline int
-next_key(Py_hash_t *parent_hash, PyObject **tokens, Py_ssize_t size, Py_hash_t *key)
+next_key(Py_hash_t *parent_hash, const Tokens *tokens, Py_ssize_t block, Py_ssize_t size,
+         Py_hash_t *key)
 {
-    Py_hash_t content_hash = items_hash(tokens, size);
+    Py_hash_t content_hash = items_hash(tokens->items + block * size, size, tokens);
     if (content_hash == -1) {
         return -1;
     }
@@ -1803,7 +1834,7 @@ typedef struct {
    stops is not used, nor is any error in making it. Fills changes[]; their number, or -1 with
    an exception set. */
 static Py_ssize_t
-walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t blocks,
+walk_table(KeyTable *t, Py_hash_t parent_hash, const Tokens *tokens, Py_ssize_t blocks,
            Py_ssize_t size, PyObject *keys_out, Change *changes)
 {
     Py_ssize_t found = 0;
@@ -1813,7 +1844,7 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject **items, Py_ssize_t bloc
         Py_ssize_t count = blocks - start < AHEAD ? blocks - start : AHEAD, made = 0;
         PyObject *type = NULL, *value = NULL, *traceback = NULL; /* an error ahead, kept */
         for (; made < count; made++) {
-            if (next_key(&parent_hash, items + (start + made) * size, size, &ahead[made]) < 0) {
+            if (next_key(&parent_hash, tokens, start + made, size, &ahead[made]) < 0) {
                 PyErr_Fetch(&type, &value, &traceback); /* raised only if the walk gets there */
                 break;
             }
@@ -2009,10 +2040,10 @@ Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwn
     Py_ssize_t blocks = PyList_GET_SIZE(tokens) / m->block_size;
     Change changes[MAX_CHANGES];
     Py_hash_t root_hash = blocks ? PyObject_Hash(args[0]) : 0;
-    Py_ssize_t found = root_hash == -1
-                           ? -1
-                           : walk_table(m->table, root_hash, ((PyListObject *)tokens)->ob_item,
-                                        blocks, m->block_size, Py_None, changes);
+    Tokens walked = {tokens, ((PyListObject *)tokens)->ob_item, PyList_GET_SIZE(tokens)};
+    Py_ssize_t found = root_hash == -1 ? -1
+                                       : walk_table(m->table, root_hash, &walked, blocks,
+                                                    m->block_size, Py_None, changes);
     PyObject *counts = found < 0 ? NULL : new_answer(m);
     if (counts != NULL && count_changes(counts, m->by_position, changes, found, blocks) < 0) {
         Py_CLEAR(counts);
@@ -2186,12 +2217,12 @@ walk(PyObject *module, PyObject *args)
         return NULL;
     }
     Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
-    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Tokens walked = {fast, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast)};
     if (Py_IS_TYPE(real, &KeyTableType) && predicted == Py_None && !((KeyTable *)real)->high) {
         Change found[MAX_CHANGES];
         Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0;
         Py_ssize_t count = root_hash == -1 ? -1
-                                           : walk_table((KeyTable *)real, root_hash, items,
+                                           : walk_table((KeyTable *)real, root_hash, &walked,
                                                         blocks, size, keys_out, found);
         Py_DECREF(fast);
         return count < 0 ? NULL : changes_list(found, count, blocks);
@@ -2210,7 +2241,7 @@ walk(PyObject *module, PyObject *args)
         if (parent_hash == -1) {
             goto error;
         }
-        Py_hash_t content_hash = items_hash(items + depth * size, size);
+        Py_hash_t content_hash = items_hash(walked.items + depth * size, size, &walked);
         if (content_hash == -1) {
             goto error;
         }
@@ -2327,7 +2358,7 @@ typedef Py_hash_t (*ContentHash)(const void *source, Py_ssize_t block, Py_ssize_
 static Py_hash_t
 tokens_hash(const void *tokens, Py_ssize_t block, Py_ssize_t size)
 {
-    return items_hash((PyObject **)tokens + block * size, size);
+    return items_hash((PyObject **)tokens + block * size, size, NULL); /* exact ints only */
 }
 
 static Py_hash_t
