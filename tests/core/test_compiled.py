@@ -220,16 +220,29 @@ def test_a_whole_query_declines_what_the_general_path_answers() -> None:
 
 
 class Emptying:
-    """A token id whose hash empties the list it is in (its items then move)."""
+    """An item whose hash empties the list it is in (its items then move)."""
 
-    def __init__(self, tokens: list[Any]) -> None:
-        self.tokens = tokens
+    items: list[Any]
 
     def __hash__(self) -> int:
-        self.tokens.clear()
-        self.tokens.extend(range(10_000))  # the list's items are made again elsewhere
-        self.tokens.clear()
+        self.items.clear()
+        self.items.extend(range(10_000))  # the list's items are made again elsewhere
+        self.items.clear()
         return 5
+
+
+class EmptyingInt(int):  # the same, an int: a block id a slot can hold
+    items: list[Any]
+    __hash__ = Emptying.__hash__
+
+
+def emptying(items: list[Any], kind: type = Emptying) -> Any:
+    item = kind()
+    item.items = items
+    return item
+
+
+MOVED = "a list changed while it was read"
 
 
 def test_a_walk_whose_token_ids_move_stops_with_an_error() -> None:
@@ -246,9 +259,24 @@ def test_a_walk_whose_token_ids_move_stops_with_an_error() -> None:
         lambda tokens: _compiled.walk(held, None, PLAIN_ROOT, tokens, 4, None),
     ):
         tokens: list[Any] = [1, 2, 3, 4] * 64
-        tokens[5] = Emptying(tokens)
-        with pytest.raises(RuntimeError, match="token ids changed while they were matched"):
+        tokens[5] = emptying(tokens)
+        with pytest.raises(RuntimeError, match=MOVED):
             walk(tokens)
+
+
+def test_a_block_map_whose_ids_move_stops_with_an_error() -> None:
+    """The same for the block ids a removal pops or a store adds, where their equality with
+    the ids kept beside the slots (a tiered block's) runs Python code."""
+    blocks = _compiled.BlockMap()
+    blocks[("cpu", 1)] = 3  # kept beside the slots: a lookup there hashes the id
+    ids: list[Any] = list(range(100))
+    ids[1] = emptying(ids)
+    with pytest.raises(RuntimeError, match=MOVED):
+        blocks.pop_many(ids, None)
+    ids = list(range(100))
+    ids[1] = emptying(ids, EmptyingInt)
+    with pytest.raises(RuntimeError, match=MOVED):
+        blocks.add_new(ids, list(range(100)))
 
 
 def test_a_whole_query_names_what_it_refuses() -> None:

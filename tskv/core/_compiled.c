@@ -77,28 +77,29 @@ pair_hash(Py_hash_t parent_hash, Py_hash_t content_hash)
     return tuple_end(tuple_round(acc, (Py_uhash_t)content_hash), 2);
 }
 
-/* The token ids a walk reads where they lie, in a list or a tuple. A token id whose hash is
-   Python code (a class's __hash__) may change the list meanwhile, and its items then move:
-   the walk checks after each such hash and stops with an error where they did, instead of
-   reading freed memory (the pure path reads whatever Python gives it). */
+/* The items of a list or a tuple that a loop reads where they lie (PySequence_Fast's). An
+   item whose hash or equality is Python code (a class's __hash__, __eq__) may change the list
+   meanwhile, and its items then move: the loop asks after each such call and stops with an
+   error where they did, instead of reading freed memory (the pure path reads whatever Python
+   gives it). */
 typedef struct {
     PyObject *sequence;
     PyObject **items; /* where its items were */
     Py_ssize_t size;  /* and how many */
-} Tokens;
+} Items;
 
-/* Whether `tokens` moved, with an exception set if so. */
+/* Whether `items` moved, with an exception set if so. */
 static int
-tokens_moved(const Tokens *tokens)
+items_moved(const Items *items)
 {
-    PyObject *list = tokens->sequence;
+    PyObject *list = items->sequence;
     if (!PyList_Check(list) ||
-        (((PyListObject *)list)->ob_item == tokens->items && PyList_GET_SIZE(list) >= tokens->size)) {
+        (((PyListObject *)list)->ob_item == items->items && PyList_GET_SIZE(list) >= items->size)) {
         return 0;
     }
     PyErr_SetString(PyExc_RuntimeError,
-                    "the token ids changed while they were matched: a token id's __hash__ "
-                    "changed their list");
+                    "a list changed while it was read: one of its items' own __hash__ or __eq__ "
+                    "changed it (the token ids of a match, the block ids of a removal)");
     return 1;
 }
 
@@ -107,7 +108,7 @@ tokens_moved(const Tokens *tokens)
    Objects/longobject.c); any other object asks PyObject_Hash, and then `owner` (NULL where the
    items cannot move) whether it moved. */
 static inline Py_hash_t
-token_hash(PyObject *item, const Tokens *owner)
+token_hash(PyObject *item, const Items *owner)
 {
     if (PyLong_CheckExact(item)) {
 #if PY_VERSION_HEX >= 0x030C0000
@@ -125,13 +126,13 @@ token_hash(PyObject *item, const Tokens *owner)
     Py_INCREF(item); /* a hash in Python may let go of it */
     Py_hash_t hash = PyObject_Hash(item);
     Py_DECREF(item);
-    return hash != -1 && owner != NULL && tokens_moved(owner) ? -1 : hash;
+    return hash != -1 && owner != NULL && items_moved(owner) ? -1 : hash;
 }
 
 /* hash(tuple(items[0:size])) without the tuple; -1 with an exception set if an item has none
    (or `owner`'s items moved: token_hash). */
 static Py_hash_t
-items_hash(PyObject **items, Py_ssize_t size, const Tokens *owner)
+items_hash(PyObject **items, Py_ssize_t size, const Items *owner)
 {
     Py_uhash_t acc = XXPRIME_5;
     for (Py_ssize_t i = 0; i < size; i++) {
@@ -160,7 +161,7 @@ int_hash(int64_t value)
    into *key; *parent_hash becomes the key's own hash, for the block after it. -1 with an
    exception set if a token id has no hash. */
 static inline int
-next_key(Py_hash_t *parent_hash, const Tokens *tokens, Py_ssize_t block, Py_ssize_t size,
+next_key(Py_hash_t *parent_hash, const Items *tokens, Py_ssize_t block, Py_ssize_t size,
          Py_hash_t *key)
 {
     Py_hash_t content_hash = items_hash(tokens->items + block * size, size, tokens);
@@ -1561,6 +1562,7 @@ BlockMap_pop_many(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **ids = PySequence_Fast_ITEMS(fast);
+    Items held = {fast, ids, size};
     PyObject *popped = PyList_New(size); /* its items NULL until set: safe to drop */
     for (Py_ssize_t n = 0; popped != NULL && n < size; n++) {
         int64_t id;
@@ -1576,8 +1578,12 @@ BlockMap_pop_many(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
                 remove_at(t, (size_t)i);
             }
         } else {
-            PyObject *pair[2] = {ids[n], args[1]};
+            PyObject *pair[2] = {Py_NewRef(ids[n]), args[1]}; /* held: its __eq__ may drop it */
             value = BlockMap_pop(t, pair, 2); /* the other dict, or the default */
+            Py_DECREF(pair[0]);
+            if (value != NULL && items_moved(&held)) {
+                Py_CLEAR(value);
+            }
         }
         if (value == NULL) {
             Py_CLEAR(popped);
@@ -1703,6 +1709,7 @@ BlockMap_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(ids);
+    Items held = {ids, PySequence_Fast_ITEMS(ids), count};
     PyObject *result = NULL;
     int64_t *bits = NULL; /* the ids' bits, then the keys' */
     if (PySequence_Fast_GET_SIZE(keys) != count) {
@@ -1723,7 +1730,13 @@ BlockMap_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
             result = holds < 0 ? NULL : Py_NewRef(Py_None);
             goto done;
         }
-        int beside = others ? PyDict_Contains(t->high, id) : 0;
+        int beside = 0;
+        if (others) { /* the id held meanwhile: its __eq__ may drop it */
+            Py_INCREF(id);
+            beside = PyDict_Contains(t->high, id);
+            Py_DECREF(id);
+            beside = beside == 0 && items_moved(&held) ? -1 : beside;
+        }
         if (beside) {
             result = beside < 0 ? NULL : Py_NewRef(Py_False);
             goto done;
@@ -1834,7 +1847,7 @@ typedef struct {
    stops is not used, nor is any error in making it. Fills changes[]; their number, or -1 with
    an exception set. */
 static Py_ssize_t
-walk_table(KeyTable *t, Py_hash_t parent_hash, const Tokens *tokens, Py_ssize_t blocks,
+walk_table(KeyTable *t, Py_hash_t parent_hash, const Items *tokens, Py_ssize_t blocks,
            Py_ssize_t size, PyObject *keys_out, Change *changes)
 {
     Py_ssize_t found = 0;
@@ -2040,7 +2053,7 @@ Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwn
     Py_ssize_t blocks = PyList_GET_SIZE(tokens) / m->block_size;
     Change changes[MAX_CHANGES];
     Py_hash_t root_hash = blocks ? PyObject_Hash(args[0]) : 0;
-    Tokens walked = {tokens, ((PyListObject *)tokens)->ob_item, PyList_GET_SIZE(tokens)};
+    Items walked = {tokens, ((PyListObject *)tokens)->ob_item, PyList_GET_SIZE(tokens)};
     Py_ssize_t found = root_hash == -1 ? -1
                                        : walk_table(m->table, root_hash, &walked, blocks,
                                                     m->block_size, Py_None, changes);
@@ -2217,7 +2230,7 @@ walk(PyObject *module, PyObject *args)
         return NULL;
     }
     Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
-    Tokens walked = {fast, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast)};
+    Items walked = {fast, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast)};
     if (Py_IS_TYPE(real, &KeyTableType) && predicted == Py_None && !((KeyTable *)real)->high) {
         Change found[MAX_CHANGES];
         Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0;
