@@ -279,6 +279,35 @@ def test_a_block_map_whose_ids_move_stops_with_an_error() -> None:
         blocks.add_new(ids, list(range(100)))
 
 
+class EmptyingParent:
+    """A parent hash equal to any, whose equality empties an event's token ids."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def __eq__(self, other: object) -> bool:
+        self.tokens.clear()
+        self.tokens.extend(range(10_000))
+        self.tokens.clear()
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_a_run_keys_the_token_ids_as_they_are_once_its_parent_is_found() -> None:
+    """Finding a stored event's parent may run Python code (its hash's __eq__), which may
+    change the event's token ids: they are read after it, not before (the blocks of the
+    emptied list have no key), never from where they were."""
+    first = BlockStored([1], None, [1, 2, 3, 4], 4)
+    tokens = list(range(5, 205))
+    second = BlockStored(list(range(2, 52)), EmptyingParent(tokens), tokens, 4)
+    made = _compiled.plain_run([(first, None), (second, None)], 4, _compiled.BlockMap(), root_key)
+    assert made is not None
+    ids, keys, mismatched = made
+    assert ids == list(range(1, 52)) and mismatched == 0
+    assert keys == [hash((root_key(None, None), (1, 2, 3, 4)))] + [None] * 50
+
+
 def test_a_whole_query_names_what_it_refuses() -> None:
     table = _compiled.KeyTable()
     with pytest.raises(TypeError, match="answer a dict subclass"):

@@ -2471,13 +2471,6 @@ plain_run(PyObject *module, PyObject *args)
         if (tokens == NULL || hashes == NULL) {
             goto done;
         }
-        Py_ssize_t length = PySequence_Fast_GET_SIZE(tokens);
-        PyObject **items = PySequence_Fast_ITEMS(tokens);
-        for (Py_ssize_t i = 0; i < length; i++) {
-            if (!PyLong_CheckExact(items[i])) {
-                goto decline; /* a string: block_keys.contents digests it */
-            }
-        }
         PyObject *size_obj = PyLong_FromSsize_t(size);
         int other = size_obj == NULL ? -1 : PyObject_RichCompareBool(field[SIZE], size_obj, Py_NE);
         Py_XDECREF(size_obj);
@@ -2488,8 +2481,18 @@ plain_run(PyObject *module, PyObject *args)
         Py_XSETREF(key, field[PARENT] == Py_None
                             ? PyObject_CallFunctionObjArgs(root_key, field[LORA], field[SALT], NULL)
                             : run_key(field[PARENT], blocks, ids, keys));
-        if (key == NULL ||
-            append_keys(keys, key, tokens_hash, items, length / size,
+        if (key == NULL) {
+            goto done;
+        }
+        /* the token ids read last: the calls above may run Python code, which may change them */
+        Py_ssize_t length = PySequence_Fast_GET_SIZE(tokens);
+        PyObject **items = PySequence_Fast_ITEMS(tokens);
+        for (Py_ssize_t i = 0; i < length; i++) {
+            if (!PyLong_CheckExact(items[i])) {
+                goto decline; /* a string: block_keys.contents digests it */
+            }
+        }
+        if (append_keys(keys, key, tokens_hash, items, length / size,
                         PySequence_Fast_GET_SIZE(hashes), size) < 0) {
             goto done;
         }
