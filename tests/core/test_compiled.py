@@ -264,9 +264,10 @@ def test_a_walk_whose_token_ids_move_stops_with_an_error() -> None:
             walk(tokens)
 
 
-def test_a_block_map_whose_ids_move_stops_with_an_error() -> None:
-    """The same for the block ids a removal pops or a store adds, where their equality with
-    the ids kept beside the slots (a tiered block's) runs Python code."""
+def test_a_list_of_ids_or_contents_that_moves_stops_with_an_error() -> None:
+    """The same for the block ids a removal pops, a store adds or isdisjoint asks about, where
+    their equality with the ids kept beside the slots (a tiered block's) runs Python code, and
+    for chain's contents, whose hashes may."""
     blocks = _compiled.BlockMap()
     blocks[("cpu", 1)] = 3  # kept beside the slots: a lookup there hashes the id
     ids: list[Any] = list(range(100))
@@ -277,6 +278,14 @@ def test_a_block_map_whose_ids_move_stops_with_an_error() -> None:
     ids[1] = emptying(ids, EmptyingInt)
     with pytest.raises(RuntimeError, match=MOVED):
         blocks.add_new(ids, list(range(100)))
+    ids = list(range(100))
+    ids[1] = emptying(ids)
+    with pytest.raises(RuntimeError, match=MOVED):
+        blocks.isdisjoint(ids)
+    contents: list[Any] = [(1, 2)] * 100
+    contents[1] = (emptying(contents),)  # a block's content whose hash empties the blocks
+    with pytest.raises(RuntimeError, match=MOVED):
+        _compiled.chain(0, contents)
 
 
 class EmptyingParent:

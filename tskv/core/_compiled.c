@@ -186,6 +186,7 @@ chain(PyObject *module, PyObject *args)
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
     PyObject **contents = PySequence_Fast_ITEMS(fast);
+    Items held = {fast, contents, count};
     PyObject *keys = PyList_New(count);
     if (keys == NULL) {
         Py_DECREF(fast);
@@ -205,7 +206,7 @@ chain(PyObject *module, PyObject *args)
         if (parent_hash == -1) {
             goto error;
         }
-        Py_hash_t content_hash = PyObject_Hash(content);
+        Py_hash_t content_hash = token_hash(content, &held); /* a tuple's: Python's hash */
         if (content_hash == -1) {
             goto error;
         }
@@ -863,9 +864,13 @@ disjoint(KeyTable *t, PyObject *other, int (*contains)(KeyTable *, PyObject *))
     }
     PyObject **items = PySequence_Fast_ITEMS(fast);
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    Items held = {fast, items, count};
     for (Py_ssize_t n = 0; n < count; n++) {
         fetch_ahead(t, items, count, n, 0);
-        int present = contains(t, items[n]);
+        PyObject *item = Py_NewRef(items[n]); /* held: its __eq__ may drop it */
+        int present = contains(t, item);
+        Py_DECREF(item);
+        present = present == 0 && items_moved(&held) ? -1 : present;
         if (present) {
             Py_DECREF(fast);
             return present < 0 ? NULL : Py_NewRef(Py_False);
