@@ -93,8 +93,8 @@ static int
 items_moved(const Items *items)
 {
     PyObject *list = items->sequence;
-    if (!PyList_Check(list) ||
-        (((PyListObject *)list)->ob_item == items->items && PyList_GET_SIZE(list) >= items->size)) {
+    if (!PyList_Check(list) || (((PyListObject *)list)->ob_item == items->items &&
+                                PyList_GET_SIZE(list) >= items->size)) {
         return 0;
     }
     PyErr_SetString(PyExc_RuntimeError,
@@ -1983,7 +1983,7 @@ typedef struct {
     PyObject *by_position;             /* the worker of each bit (None: a free one), a tuple */
     PyObject *known;                   /* every worker, a tuple */
     PyObject *stale;                   /* the index's set of stale workers */
-    PyObject *bars[BARS];              /* while one of these is not empty the general path answers */
+    PyObject *bars[BARS];              /* while one is not empty, the general path answers */
     PyObject *no_stale;                /* frozenset(): the usual answer's stale */
 } Matcher;
 
