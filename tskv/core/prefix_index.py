@@ -102,14 +102,13 @@ def _matcher_for(holdings: Holdings, stale: set[Worker], lookaheads: set[int]) -
     and makes the `Match`; it declines (None) while a worker is hybrid, hashes with lookahead
     or is predicted, and the general path answers (as it does once the index has seen string
     token ids, which it digests first). It reads the index's stale set and those
-    conditions as they change; the holdings tell it when the workers do."""
+    conditions as they change; the holdings, which keep it too, tell it when the workers do."""
     if holdings.table is None or compiled.core is None:
         return None
     masks = holdings.predictions.masks
     matcher: Matcher = compiled.core.Matcher(
         holdings.table, Match, holdings.block_size, stale, holdings.hybrids, lookaheads, masks
     )
-    holdings.matcher = matcher
     matcher.set_workers(holdings.bits.by_position, holdings.known)
     return matcher
 
@@ -355,7 +354,8 @@ class PrefixIndex:
         self._stale: set[Worker] = set()  # the workers whose view is stale, for answers
         self._strings = False  # a string token id was seen: queries' string ones are digested
         self._lookaheads: set[int] = set()  # lookahead sizes some worker's hashes cover
-        self._matcher = _matcher_for(self._holdings, self._stale, self._lookaheads)
+        matcher = _matcher_for(self._holdings, self._stale, self._lookaheads)
+        self._matcher = self._holdings.matcher = matcher  # here: one attribute a query reads
 
     # -- the stream's side ------------------------------------------------------------------
 
