@@ -22,6 +22,7 @@ from tskv.shells._reader_child import (
     FRAME_DELAY,
     FRAME_PASSES,
     FRAME_QUIET,
+    MERGED_BATCHES,
     READER_GATHER,
     Outbox,
 )
@@ -51,8 +52,8 @@ class Sent:
 @asynccontextmanager
 async def reader_side() -> AsyncIterator[tuple[zmq.Socket[bytes], Outbox, Sent]]:
     """A reader's pump over one PAIR whose messages are delivered inline, each noted in the
-    outbox as a batch of worker 0, as a reader's watcher does: (the sending end, the outbox,
-    what it sent)."""
+    outbox as a batch of worker 0 (its figures counting them), as a reader's watcher does:
+    (the sending end, the outbox, what it sent)."""
     pump = LivePump(READER_GATHER)
     outbox = Outbox(PrefixIndex(16, record_changes=True), pump)
     stream = trio.testing.MemorySendStream()
@@ -60,9 +61,13 @@ async def reader_side() -> AsyncIterator[tuple[zmq.Socket[bytes], Outbox, Sent]]
         ((sending, receiving),) = sockets
         feed = pump.add(receiving, trio.open_memory_channel[Inbound](8), Clock())
 
+        delivered = 0
+
         def deliver(messages: list[list[bytes]]) -> bool:
+            nonlocal delivered
             for _ in messages:
-                outbox.noted(0, WorkerFigures(), batch=True)
+                delivered += 1
+                outbox.noted(0, WorkerFigures(batches=delivered), batch=True)
             return True
 
         feed.inline = deliver
@@ -96,8 +101,9 @@ async def test_under_load_frames_go_with_the_pumps_passes_never_on_a_timer(
         assert sent.take() == []  # no pass yet: the pump gathers
         mock_clock.jump(READER_GATHER)
         await trio.testing.wait_all_tasks_blocked()
-        (frame,) = sent.take()  # the second pass: all of it in one frame
-        assert [item.slot for item in frame.items] == [0] * 6 + [1]  # type: ignore[union-attr]
+        (frame,) = sent.take()  # the second pass: all of it in one frame, a report a worker
+        reports = [item for item in frame.items if isinstance(item, Report)]
+        assert [(report.slot, report.figures.batches) for report in reports] == [(0, 7), (1, 0)]
         mock_clock.jump(READER_GATHER)
         await trio.testing.wait_all_tasks_blocked()
         assert sent.take() == []  # a pass that found nothing: nothing to send
@@ -121,12 +127,12 @@ async def test_news_while_the_pump_is_idle_goes_after_a_quiet_spell(
         assert [len(frame.items) for frame in sent.take()] == [3]
 
 
-async def test_a_workers_other_news_rides_in_its_next_batchs_report(
+async def test_a_workers_news_since_its_last_report_goes_as_one(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    """A loss and a failure are kept open and go with the worker's next batch, in one report;
-    the batch after it reports neither again; news of a worker with no batch to come goes in
-    a report of its own."""
+    """A loss, a failure and the batches after them go in one report, with the latest
+    figures; the next report says none of them again; news of a worker with no batch to come
+    goes in a report of its own."""
     async with reader_side() as (_, outbox, sent):
         lost = Loss(4, 6, LossReason.NO_REPLAY)
         outbox.noted(3, WorkerFigures(losses=1), loss=lost)
@@ -140,13 +146,55 @@ async def test_a_workers_other_news_rides_in_its_next_batchs_report(
         await trio.testing.wait_all_tasks_blocked()
         (frame,) = sent.take()
         reports = [item for item in frame.items if isinstance(item, Report)]
-        assert [(report.slot, report.figures.batches) for report in reports] == [
-            (3, 1),
-            (3, 2),
-            (5, 0),
-        ]
+        assert [(report.slot, report.figures.batches) for report in reports] == [(3, 2), (5, 0)]
         assert [(report.losses, report.failure) for report in reports] == [
             ([lost], ("refused", 0.5)),
-            ([], None),
             ([other], None),
         ]
+        outbox.noted(3, WorkerFigures(batches=3, losses=1, failures=1), batch=True)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(FRAME_DELAY)
+        await trio.testing.wait_all_tasks_blocked()
+        ((report,),) = [frame.items for frame in sent.take()]
+        assert isinstance(report, Report)
+        assert (report.figures.batches, report.losses, report.failure) == (3, [], None)
+
+
+async def test_a_report_seals_at_its_batch_limit_and_at_a_snapshots_part(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """The index's process applies a report whole between its queries: a worker's report
+    carries at most MERGED_BATCHES batches, and a snapshot's part goes as the end of one,
+    its holds with it; the holds of all the reports are those the worker took, in order."""
+    async with reader_side() as (_, outbox, sent):
+        index = PrefixIndex(16)  # the index's process's, mirroring the reports
+        journal = outbox._index
+        journal.apply_changes(7, [])  # the worker's view, as a reader's record makes it
+        for number in range(1, 2 * MERGED_BATCHES + 3):
+            journal.apply_changes(7, [[number]])  # a hold taken a batch, journalled
+            outbox.noted(7, WorkerFigures(batches=number), batch=True)
+            outbox.noted(8, WorkerFigures(batches=number), batch=True)
+        journal.apply_changes(7, [[], [1, 2]])  # a part lets go of two, say
+        await outbox.part_noted(7, WorkerFigures(batches=2 * MERGED_BATCHES + 2))
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(FRAME_DELAY)
+        await trio.testing.wait_all_tasks_blocked()
+        reports = [item for frame in sent.take() for item in frame.items]
+        assert all(isinstance(report, Report) for report in reports)
+        counted = [(report.slot, report.figures.batches) for report in reports]  # type: ignore[union-attr]
+        last = 2 * MERGED_BATCHES + 2
+        assert [count for slot, count in counted if slot == 7] == [
+            MERGED_BATCHES,
+            2 * MERGED_BATCHES,
+            last,
+        ]
+        assert [count for slot, count in counted if slot == 8] == [
+            MERGED_BATCHES,
+            2 * MERGED_BATCHES,
+            last,
+        ]
+        for report in reports:
+            index.apply_changes(report.slot, report.changes)  # type: ignore[union-attr]
+        assert len(index) == last - 2  # worker 7 holds 3 to `last`: letting go of them empties it
+        index.apply_changes(7, [[], list(range(3, last + 1))])
+        assert len(index) == 0

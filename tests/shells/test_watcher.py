@@ -385,8 +385,11 @@ async def test_the_index_process_lets_other_tasks_run_while_it_applies_a_readers
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A reader sends many batches' news in one frame: applied in one go, a frame held the
-    router's loop (its queries) for tens of ms."""
+    router's loop (its queries) for tens of ms. (The index's process yields every 4 reports
+    here, not 64: a report carries up to 8 batches, and a frame of this burst a dozen.)"""
     from tskv.core.reader_messages import News, Report
+    from tskv.shells import _reader_process
+    from tskv.shells._background import Pacer
     from tskv.shells._reader_mirror import ReaderMirror
     from tskv.shells._reader_process import Reader
 
@@ -406,6 +409,7 @@ async def test_the_index_process_lets_other_tasks_run_while_it_applies_a_readers
 
     monkeypatch.setattr(Reader, "_take", counted_take)
     monkeypatch.setattr(ReaderMirror, "report", counted_mirrored)
+    monkeypatch.setattr(_reader_process, "Pacer", lambda: Pacer(every=4))
     index = tskv.PrefixIndex(16)
     async with (
         tskv.open_publisher(CONFIG) as publisher,
