@@ -362,7 +362,9 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         f"CPU per batch for {STEADY:.0f} s once every worker is current), in 1 or 2 reader "
         "processes; a "
         "request every millisecond from a client process on a Unix socket, each answered by "
-        "matching a 2,000-token prompt (wall / CPU time of the matching thread; the index "
+        "matching a 2,000-token prompt (wall / CPU time of the matching thread: its CPU is the "
+        "lesser of its CPU clock and the wall clock read inside that clock's window, each at "
+        "least what the match took, and the CPU clock's own p99 is given apart; the index "
         "process's CPU per batch leaves out what making and matching the prompts took, not "
         "the loop's work of waking for and reading the requests: the same figure over the "
         f"{STEADY / 2:.0f} s before the requests began is given apart, and the difference a "
@@ -378,8 +380,8 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         "its CPU: all processes, "
         "index process | the publishers' process meanwhile | "
         "stale then / indexed | "
-        "match, 40 blocks held: p50 / p99 wall, CPU; CPU p99 of the matches the OS did not "
-        "switch out (and the share it did) | match, 4 blocks held | "
+        "match, 40 blocks held: p50 / p99 wall, CPU; the CPU clock's own p99 (and the share "
+        "of matches the OS switched out) | match, 4 blocks held | "
         "a request's wait for the loop: p50 / p99 | "
         "index process memory a block | readers' | CPU per batch once current, no requests: "
         "index process, and with readers; with requests, the same | the loop's CPU a request | "
@@ -396,10 +398,10 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         run = watch_scale(64, processes=processes, rate=rate, seconds=5, cached=50_000, nice=nice)
         matches = []
         for blocks in (40, 4):
-            switched, calm = run[f"match_{blocks}_calm"]
+            switched, clock = run[f"match_{blocks}_clock"]
             matches.append(
                 "{:.0f} / {:.0f} µs, {:.0f} / {:.0f} µs".format(*run[f"match_{blocks}"])
-                + f"; not switched out: {calm:.0f} µs ({switched:.1%} were)"
+                + f"; the CPU clock alone {clock:.0f} µs ({switched:.1%} switched out)"
             )
         waited = "{:.0f} / {:.0f} µs".format(*run["query_wait"])
         out(
