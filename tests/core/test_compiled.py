@@ -219,6 +219,22 @@ def test_a_whole_query_declines_what_the_general_path_answers() -> None:
     assert matcher(PLAIN_ROOT, [1, 2]) == {"w0": 1}
 
 
+def test_a_query_for_ints_only_declines_any_other_token_id() -> None:
+    """An index that has seen a string id keys it as its digest, which the general path makes:
+    asked for ints only, the Matcher declines a list holding anything else, even past the
+    blocks it would walk; a bool and an int subclass too, whose hashes it may not assume."""
+
+    class Id(int):
+        pass
+
+    key = hash((PLAIN_ROOT, (1, 2)))
+    matcher, _, _, _ = matcher_over({key: 1}, 2, 1)
+    assert matcher(PLAIN_ROOT, [1, 2, 3], True) == {"w0": 1}
+    for other in ("<image>", True, Id(3), 3.0):
+        assert matcher(PLAIN_ROOT, [1, 2, other], True) is None
+        assert matcher(PLAIN_ROOT, [1, 2, other], False) == {"w0": 1}
+
+
 class Emptying:
     """An item whose hash empties the list it is in (its items then move)."""
 
@@ -332,7 +348,7 @@ def test_a_whole_query_names_what_it_refuses() -> None:
     with pytest.raises(TypeError, match="no keyword arguments"):
         _compiled.Matcher(table, Match, 1, set(), {}, set(), predictions={})
     matcher = _compiled.Matcher(table, Match, 1, set(), {}, set(), {})
-    with pytest.raises(TypeError, match=r"takes \(key, tokens\)"):
+    with pytest.raises(TypeError, match=r"takes \(key, tokens\[, ints\]\)"):
         matcher(0)
     with pytest.raises(TypeError, match="set_workers"):
         matcher.set_workers([], ())

@@ -1964,7 +1964,9 @@ stale set, the Match type's slots) so that a query reads a few objects: at 3.2M 
 router each object a query reads is a cache miss, and the misses of the Python path's attribute
 chains and frames cost more than the walk. Holdings tells it when the workers change
 (set_workers); the index's own dicts and sets that rule the usual path out are read as they
-are, so it never needs telling about them. */
+are, so it never needs telling about them. Once the index has seen a string token id, which
+it keys as a digest (block_keys.stable), a query asks for ints only: a token id of any other
+type sends it to the general path, which makes the digests. */
 
 enum { STALE, WORKERS, BLOCK_SIZE, PREDICTED, LOWER, ANSWER_SLOTS };
 static const char *const ANSWER_SLOT_NAME[ANSWER_SLOTS] = {
@@ -2037,21 +2039,37 @@ new_answer(Matcher *m)
     return made;
 }
 
-/* matcher(key, tokens) -> Match | None: the usual match from root key `key`, or None where the
-   general path answers (see above). */
+/* Whether every item of list `tokens` is an int (exactly: a subclass's hash may be its own). */
+static int
+ints_only(PyObject *tokens)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tokens); i++) {
+        if (!PyLong_CheckExact(PyList_GET_ITEM(tokens, i))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* matcher(key, tokens[, ints]) -> Match | None: the usual match from root key `key`, or None
+   where the general path answers (see above); `ints`: a token id not an int is one too. */
 static PyObject *
 Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Matcher *m = (Matcher *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 2 || kwnames != NULL) {
-        return PyErr_Format(PyExc_TypeError, "a Matcher takes (key, tokens)");
+    if (nargs < 2 || nargs > 3 || kwnames != NULL) {
+        return PyErr_Format(PyExc_TypeError, "a Matcher takes (key, tokens[, ints])");
     }
     PyObject *tokens = args[1];
+    int ints = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (ints < 0) {
+        return NULL;
+    }
     int usual = PyList_CheckExact(tokens) && !m->table->high &&
                 PyDict_GET_SIZE(m->bars[HYBRIDS]) == 0 &&
                 PySet_GET_SIZE(m->bars[LOOKAHEADS]) == 0 &&
-                PyDict_GET_SIZE(m->bars[PREDICTIONS]) == 0;
+                PyDict_GET_SIZE(m->bars[PREDICTIONS]) == 0 && (!ints || ints_only(tokens));
     if (!usual) {
         Py_RETURN_NONE;
     }

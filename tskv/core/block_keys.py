@@ -69,8 +69,8 @@ PLAIN_ROOT = root_key(None)  # what a request or event naming no LoRA and no sal
 
 def int_tokens(tokens: Sequence[Any]) -> tuple[Sequence[int], bool]:
     """The token ids as ints (the sequence itself when they are; else a list, a string one
-    as its digest, as the compiled `Matcher` takes them), and whether there was a string
-    among them. Typed Any: it runs for every event, and a `cast` is a call."""
+    as its digest), and whether there was a string among them. Typed Any: it runs for every
+    event, and a `cast` is a call."""
     try:
         sum(tokens)  # refuses a string, at C speed
     except TypeError:

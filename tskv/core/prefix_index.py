@@ -483,14 +483,12 @@ class PrefixIndex:
         """For each worker, how many of the request's leading full blocks it holds. The
         request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
         must be given as its engine would see it, or its blocks are other blocks."""
-        strings = self._strings  # once the index has seen one, a string id is its digest
-        if strings and type(token_ids) is list:
-            token_ids, strings = int_tokens(token_ids)[0], False
         matcher = self._matcher  # the usual query, whole in the compiled core (`_matcher_for`)
         if matcher is not None and extra_keys is None and mm_keys is None:
             plain = lora_name is None and cache_salt is None
             key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
-            usual: Match | None = matcher(key, token_ids)
+            # once the index has seen a string id it keys one as its digest: ints only here
+            usual: Match | None = matcher(key, token_ids, self._strings)
             if usual is not None:
                 return usual
         if type(token_ids) is not list and (  # a list, the usual: no check against the ABC
@@ -500,7 +498,7 @@ class PrefixIndex:
                 f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
             )
         _answering(self._holdings, "match")
-        if strings:  # not a list: checked above first
+        if self._strings:
             token_ids, _ = int_tokens(token_ids)
         request: Request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
         return _walked_match(self._holdings, self._lookaheads, frozenset(self._stale), request)
