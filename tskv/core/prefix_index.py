@@ -98,10 +98,10 @@ class Match(dict[Worker, int]):
 
 def _matcher_for(holdings: Holdings, stale: set[Worker], lookaheads: set[int]) -> Matcher | None:
     """The compiled core's `Matcher` for an index, where this process has the core: the usual
-    query (no per-block identity, token ids a list of ints) in one call, which walks, counts
-    and makes the `Match`; it declines (None) while a worker is hybrid, hashes with lookahead
-    or is predicted, and the general path answers (as it does once the index has seen string
-    token ids, which it digests first). It reads the index's stale set and those
+    query (no per-block identity, token ids a list) in one call, which walks, counts and
+    makes the `Match`; it declines (None) while a worker is hybrid, hashes with lookahead or
+    is predicted, and, once the index has seen a string token id, for a query holding
+    anything but ints (the general path digests it). It reads the index's stale set and those
     conditions as they change; the holdings, which keep it too, tell it when the workers do."""
     if holdings.table is None or compiled.core is None:
         return None
