@@ -55,6 +55,8 @@ def every_key_changed(tmp_path: Path) -> KVEventsConfig:
         "shutdown_timeout": 0.75,
         "snapshots": False,
         "bind": True,  # LOOPBACK has a wildcard port: it binds either way
+        "block_size": 32,
+        "hash_algorithm": "xxhash_cbor",
     }
     missing = sorted(tskv.core.config.field_names() - set(values))
     assert not missing, f"give these new keys a non-default value here: {missing}"

@@ -2,6 +2,7 @@
 
 from tskv.core.codec import WireError, codec_name, decode_batch, encode_batch
 from tskv.core.config import KVEventsConfig, SubscriberConfig
+from tskv.core.descriptor import Descriptor, GroupInfo
 from tskv.core.endpoints import EndpointError, offset_endpoint_port
 from tskv.core.errors import ConfigError, HandshakeError, TskvError, TskvWarning
 from tskv.core.events import (
@@ -33,7 +34,9 @@ from tskv.core.scheduler import (
     scheduler_kv_event_to_wire_event,
     scheduler_kv_events_to_wire_events,
 )
+from tskv.core.version import VERSION
 from tskv.curve.key_files import KeyFileError
+from tskv.shells.describe import describe_publisher
 from tskv.shells.publisher import (
     Publisher,
     PublisherClosedError,
@@ -57,10 +60,12 @@ __all__ = [
     "CacheGroup",
     "Choice",
     "ConfigError",
+    "Descriptor",
     "EndpointError",
     "EventBatch",
     "EventPublisher",
     "EventPublisherFactory",
+    "GroupInfo",
     "HandshakeError",
     "KVCacheEvent",
     "KVEvent",
@@ -95,6 +100,7 @@ __all__ = [
     "ZmqEventPublisher",
     "codec_name",
     "decode_batch",
+    "describe_publisher",
     "drain_scheduler_kv_events",
     "encode_batch",
     "foreign_event_to_wire_event",
@@ -106,4 +112,4 @@ __all__ = [
     "scheduler_kv_events_to_wire_events",
 ]
 
-__version__ = "0.1.0"
+__version__ = VERSION

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import secrets
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -30,6 +31,7 @@ from tskv.core.codec import DroppedFields, encode_batch
 from tskv.core.config import KVEventsConfig, did_you_mean
 from tskv.core.endpoints import LOOPBACK, on_this_machine
 from tskv.core.events import KVEvent, KVEventBatch
+from tskv.core.frames import RequestForm
 from tskv.core.snapshot import CacheState, SnapshotBuilder
 from tskv.core.wire_format import WireFormat
 from tskv.shells._background import background_tasks
@@ -55,8 +57,11 @@ class ScriptedPublisher:
     "tokenspeed": `["", seq, payload]`, "vllm": `["", topic, seq, payload]`, to mix the two),
     `rank` (put in each batch), `snapshots` (True: serve snapshot requests from the state the
     sent and dropped batches describe, `snapshot_part_blocks` blocks a part; False: end them at
-    once, as a publisher without snapshots does). `replay_requests` lists the start seqs asked
-    for, None for a snapshot. Every event is checked in full when it is encoded (strict mode).
+    once, as a publisher without snapshots does), `epoch` (None: says none, as TokenSpeed's and
+    vLLM's publishers; a number: said at the end of a tskv client's replay, and drawn anew by
+    `restart()`). `replay_requests` lists the start seqs asked for, None for a snapshot (or a
+    describe request, which is answered as a publisher without descriptors does: at once).
+    Every event is checked in full when it is encoded (strict mode).
     """
 
     SETTINGS = (
@@ -67,6 +72,7 @@ class ScriptedPublisher:
         "rank",
         "snapshots",
         "snapshot_part_blocks",
+        "epoch",
     )
 
     def __init__(self, pub: TrioSocket, endpoint: str, topic: str, rank: int) -> None:
@@ -82,6 +88,7 @@ class ScriptedPublisher:
         self.replay_layout: ReplayLayout | None = None
         self.snapshots = True
         self.snapshot_part_blocks = 1024
+        self.epoch: int | None = None
         self.state = CacheState()  # what the batches sent and dropped so far describe
         self.replay_requests: list[int | None] = []
         self._pub = pub
@@ -157,32 +164,40 @@ class ScriptedPublisher:
         self.next_seq = 0
         self.buffer.clear()
         self.state = CacheState()
+        if self.epoch is not None:
+            self.epoch = secrets.randbits(64)
 
     async def _serve_replay(self, router: TrioSocket) -> None:
         while True:
             message = await router.receive()
             try:
-                client, start = frames.parse_replay_request(message)
+                request = frames.parse_replay_request(message)
             except frames.FrameError:
                 continue
-            self.replay_requests.append(start)
+            client, form = request.client, request.form
+            asks_state = form in (RequestForm.SNAPSHOT, RequestForm.DESCRIBE)
+            self.replay_requests.append(None if asks_state else request.start_seq)
             if self.replay_mode == "never":
                 continue
             await trio.sleep(self.replay_delay)
             layout = self.replay_layout or self.wire_format
             topic = self.topic.encode() if layout == "vllm" else None
+            tskv = form is not RequestForm.PLAIN
+            said = frames.epoch_note(self.epoch) if tskv else b""
             if self.replay_mode == "refuse":
-                replies = [frames.replay_end(client, topic, "refused by the test's script")]
-            elif start is None and self.snapshots:
-                replies = self._snapshot(client, topic)
-            elif start is None:  # as a publisher without snapshots: a start past every seq
-                replies = [frames.replay_end(client, topic)]
+                note = frames.refusal_note("refused by the test's script") if tskv else b""
+                replies = [frames.replay_end(client, topic, note)]
+            elif form is RequestForm.SNAPSHOT and self.snapshots:
+                replies = self._snapshot(client, topic, said)
+            elif asks_state:  # as a publisher without them: a start past every seq
+                replies = [frames.replay_end(client, topic, said)]
             else:
+                start = request.start_seq
                 replies = [
                     frames.replay_reply(client, seq, self.buffer[seq], topic)
                     for seq in sorted(seq for seq in self.buffer if seq >= start)
                 ]
-                replies.append(frames.replay_end(client, topic))
+                replies.append(frames.replay_end(client, topic, said))
             try:
                 for reply in replies:
                     await router.send(reply)
@@ -191,7 +206,7 @@ class ScriptedPublisher:
                     raise
                 # The client left before its replay was over: serve the next one.
 
-    def _snapshot(self, client: bytes, topic: bytes | None) -> list[list[bytes]]:
+    def _snapshot(self, client: bytes, topic: bytes | None, said: bytes) -> list[list[bytes]]:
         frozen = self.state.freeze(self.next_seq)
         builder = SnapshotBuilder(
             frozen, 1.0, self.rank, self.wire_format, self.snapshot_part_blocks
@@ -200,7 +215,7 @@ class ScriptedPublisher:
         while (payload := builder.next_payload()) is not None:
             index = builder.parts_made - 1
             replies.append(frames.snapshot_part(client, frozen.next_seq, index, payload))
-        replies.append(frames.replay_end(client, topic))
+        replies.append(frames.replay_end(client, topic, said))
         return replies
 
 

@@ -3,6 +3,7 @@ property test over arbitrary interleavings of requests, sends, full pipes and ev
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,12 +16,18 @@ from tskv import (
     encode_batch,
 )
 from tskv.core.frames import (
+    DESCRIBE_MARK,
     END_FRAME,
+    DescriptorReply,
+    ReplayReply,
+    RequestForm,
     SnapshotPart,
     parse_replay_reply,
     parse_replay_request,
+    describe_request,
     replay_request,
     snapshot_request,
+    tskv_replay_request,
 )
 from tskv.core.replay_buffer import ReplayBuffer
 from tskv.core.replay_limits import Peer
@@ -53,8 +60,12 @@ def server(
     return ReplayServer(buffer, KVEventsConfig(**config), topic, clock), buffer, clock  # type: ignore[arg-type]
 
 
-def ask(replay: ReplayServer, client: bytes, start: int, host: str | None = None) -> Outcome:
-    return replay.receive([client, *replay_request(start)], Peer(client, host=host)).outcome
+def ask(
+    replay: ReplayServer, client: bytes, start: int, host: str | None = None, tskv: bool = False
+) -> Outcome:
+    """A request from a client of vLLM's protocol, or (`tskv`) in tskv's form."""
+    request = tskv_replay_request(start) if tskv else replay_request(start)
+    return replay.receive([client, *request], Peer(client, host=host)).outcome
 
 
 def drain(replay: ReplayServer, limit: int = 100_000) -> list[Outgoing]:
@@ -91,6 +102,95 @@ def test_vllm_layout_carries_the_topic_frame() -> None:
     first, end = drain(replay)
     assert first.frames == [b"a", b"", b"kv", (0).to_bytes(8, "big"), b"p0"]
     assert end.frames == [b"a", b"", b"", END_FRAME, b""]
+
+
+EPOCH = 0x0123_4567_89AB_CDEF
+
+
+def epoch_server(**kwargs: object) -> ReplayServer:
+    replay, _, _ = server(**kwargs)  # type: ignore[arg-type]
+    replay.epoch = EPOCH
+    return replay
+
+
+@pytest.mark.parametrize("topic", [None, b"kv"])
+@pytest.mark.parametrize(
+    "start", [b"\x00\x00\x00\x02", (2).to_bytes(8, "big"), b"\x01" * 4 + (2).to_bytes(8, "big")]
+)
+def test_a_client_of_vllms_protocol_gets_what_vllms_publisher_sends_byte_for_byte(
+    topic: bytes | None, start: bytes
+) -> None:
+    """vLLM's publisher (its wheel's `_service_replay`) answers `[client, "", start]` with
+    `(client, "", topic, seq, payload)` per batch and `(client, "", "", END, "")`; TokenSpeed's
+    without the topic frames. Its clients stop on the empty payload, so nothing of tskv's own
+    (the epoch) may stand there, whatever length of start frame they send."""
+    replay = epoch_server(batches=4, topic=topic)
+    assert replay.receive([b"a", b"", start], Peer(b"a")).outcome is Outcome.SERVED
+    got = [out.frames for out in drain(replay)]
+    head = [b"a", b""] if topic is None else [b"a", b"", topic]
+    tail = [b"a", b""] if topic is None else [b"a", b"", b""]
+    assert got == [
+        [*head, (2).to_bytes(8, "big"), b"p2"],
+        [*head, (3).to_bytes(8, "big"), b"p3"],
+        [*tail, END_FRAME, b""],
+    ]
+
+
+def test_a_tskv_client_is_told_the_epoch_at_the_end_of_the_same_replay() -> None:
+    replay = epoch_server(batches=4)
+    assert ask(replay, b"a", 2, tskv=True) is Outcome.SERVED
+    *batches, end = drain(replay)
+    assert [out.frames[2:] for out in batches] == [
+        [(2).to_bytes(8, "big"), b"p2"],
+        [(3).to_bytes(8, "big"), b"p3"],
+    ]
+    reply = parse_replay_reply(end.frames[1:])
+    assert isinstance(reply, ReplayReply) and reply.is_end and reply.epoch == EPOCH
+
+
+def test_a_tskv_request_reads_as_the_same_seq_to_every_other_publisher() -> None:
+    """vLLM's, TokenSpeed's and SGLang's publishers read the start frame with
+    `int.from_bytes(frame, "big")`: the tskv form's leading zeros leave the seq as it is."""
+    for start in (0, 1, 2**40 + 3, 2**64 - 2):
+        frame = tskv_replay_request(start)[1]
+        assert len(frame) == 16 and int.from_bytes(frame, "big") == start
+        request = parse_replay_request([b"a", *tskv_replay_request(start)])
+        assert (request.form, request.start_seq) == (RequestForm.TSKV, start)
+    assert parse_replay_request([b"a", *replay_request(5)]).form is RequestForm.PLAIN
+
+
+def test_a_refusal_is_an_empty_end_to_vllms_clients_and_a_reason_to_tskvs() -> None:
+    replay = epoch_server(batches=4, replay_max_concurrent=1)
+    ask(replay, b"a", 0)  # under way: no room for another
+    assert ask(replay, b"plain", 0) is Outcome.REFUSED
+    assert ask(replay, b"tskv", 0, tskv=True) is Outcome.REFUSED
+    plain, tskv, *_ = drain(replay)
+    assert plain.frames == [b"plain", b"", END_FRAME, b""]
+    reply = parse_replay_reply(tskv.frames[1:])
+    assert isinstance(reply, ReplayReply) and reply.refusal and "in progress" in reply.refusal
+    assert reply.epoch is None
+
+
+def test_a_describe_request_gets_one_reply_and_leaves_the_clients_replay_running() -> None:
+    buffer = ReplayBuffer(10)
+    for n in range(3):
+        buffer.append(b"p%d" % n)
+    described = ReplayServer(
+        buffer, KVEventsConfig(), None, Clock(), epoch=EPOCH, describe=lambda: b"who"
+    )
+    ask(described, b"a", 0)
+    assert described.receive([b"d", *describe_request()], Peer(b"d")).outcome is Outcome.SERVED
+    sent = drain(described)
+    assert sent[0].frames == [b"d", b"", DESCRIBE_MARK, b"who"]  # a one-off goes first
+    assert isinstance(parse_replay_reply(sent[0].frames[1:]), DescriptorReply)
+    assert seqs(sent, b"a") == [0, 1, 2, None]
+    stats = described.statistics()
+    assert (stats.requests, stats.completed, stats.descriptors) == (2, 2, 1)
+    # a publisher without descriptors (any but tskv's) ends the request at once
+    replay = epoch_server(batches=3)
+    replay.receive([b"d", *describe_request()], Peer(b"d"))
+    assert [out.frames for out in drain(replay)] == [[b"d", b"", END_FRAME, b""]]
+    assert int.from_bytes(describe_request()[1], "big") > 2**64  # past every seq, to theirs
 
 
 def test_older_than_the_buffer_starts_at_the_oldest_and_beyond_gets_the_end_alone() -> None:
@@ -181,7 +281,7 @@ def test_invalid_requests_are_counted_and_answered_with_nothing() -> None:
 
 def test_the_rate_limit_refuses_with_a_reason_the_client_can_read() -> None:
     replay, _, clock = server(batches=5, replay_rate=2.0, replay_burst=3)
-    outcomes = [ask(replay, b"a", 0) for _ in range(10)]
+    outcomes = [ask(replay, b"a", 0, tskv=True) for _ in range(10)]
     assert outcomes == [Outcome.SERVED] * 3 + [Outcome.REFUSED] * 7
     refusal = replay.next_send()
     assert refusal is not None and refusal.seq is None
@@ -194,7 +294,8 @@ def test_the_rate_limit_refuses_with_a_reason_the_client_can_read() -> None:
 
 def test_concurrency_is_capped_and_refusal_markers_are_bounded() -> None:
     replay, _, _ = server(batches=5, replay_max_concurrent=2, replay_burst=10**6)
-    outcomes = [ask(replay, f"c{n}".encode(), 0) for n in range(2 + 2 * MAX_ONE_OFFS)]
+    clients = [f"c{n}".encode() for n in range(2 + 2 * MAX_ONE_OFFS)]
+    outcomes = [ask(replay, client, 0, tskv=True) for client in clients]
     assert outcomes.count(Outcome.SERVED) == 2
     assert replay.statistics().refused == 2 * MAX_ONE_OFFS
     markers = [out for out in drain(replay) if out.seq is None and out.frames[-1]]
@@ -245,7 +346,8 @@ def test_every_client_sees_increasing_buffered_seqs_and_every_job_ends_once(
         if step[0] == "ask":
             client = f"c{step[1]}".encode()
             had_job = client in live
-            if ask(replay, client, int(step[2])) is Outcome.SERVED:
+            # tskv's form: a refusal's end says so, where a plain client's is only empty
+            if ask(replay, client, int(step[2]), tskv=True) is Outcome.SERVED:
                 received[client], asked[client] = [], int(step[2])
                 replaced += had_job
                 live.add(client)
@@ -353,8 +455,7 @@ def test_without_snapshots_a_snapshot_request_ends_at_once_as_a_replay_past_the_
     assert [out.frames for out in drain(replay)] == [[b"a", b"", END_FRAME, b""]]
     # ...which is what a publisher that knows nothing of them does: read the request's last 8
     # bytes (all ones) or all of it as a start seq past every batch.
-    _, start = parse_replay_request([b"a", b"", snapshot_request()[1][-8:]])
-    assert start == 2**64 - 1
+    assert parse_replay_request([b"a", b"", snapshot_request()[1][-8:]]).start_seq == 2**64 - 1
     assert int.from_bytes(snapshot_request()[1], "big") > 2**64
 
 

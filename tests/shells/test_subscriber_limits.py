@@ -83,8 +83,9 @@ async def _endless_snapshots(router: TrioSocket, buffered: list[bytes]) -> None:
         except trio.WouldBlock:
             await trio.sleep(0.001 if client is None else 0)
             continue
-        asker, start = frames.parse_replay_request(message)
-        if start is None:
+        request = frames.parse_replay_request(message)
+        asker = request.client
+        if request.form is frames.RequestForm.SNAPSHOT:
             client, index = asker, 0
             continue
         for seq, body in enumerate(buffered):
@@ -152,7 +153,7 @@ async def test_a_replay_reply_over_the_limit_times_out_and_delivery_goes_on() ->
             replay_timeout=0.5,
         ) as sub:
             with trio.fail_after(30):
-                client, _ = frames.parse_replay_request(await router.receive())
+                client = frames.parse_replay_request(await router.receive()).client
                 await router.send(frames.replay_reply(client, 0, b"\x90" * 4096, None))
                 await next_subscription(pub)
             pub.send_nowait(frames.live_message(b"", 1, payload(1)))

@@ -120,8 +120,9 @@ async def test_replayed_batches_on_another_topic_are_filtered_as_live_ones_are()
         async with tskv.open_subscriber(endpoint, replay, "kv-b", start_seq=0) as sub:
             with trio.fail_after(10):
                 await pub.receive()  # subscribed
-                client, start = parse_replay_request(await router.receive())
-                assert start == 0
+                request = parse_replay_request(await router.receive())
+                client = request.client
+                assert request.start_seq == 0
                 for seq in range(3):
                     await router.send(replay_reply(client, seq, theirs, b"kv-a"))
                 await pub.send(live_message(b"kv-b", 0, ours))

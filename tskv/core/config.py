@@ -82,6 +82,14 @@ def _optional_path(_: object, attribute: attrs.Attribute[Any], value: object) ->
         raise ConfigError(f"{attribute.name} = {value!r} does not exist; {fix}")
 
 
+def _check_hash_algorithm(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ConfigError(
+            f"hash_algorithm = {value!r}: name the block hash the engine uses (vLLM's: sha256, "
+            "sha256_cbor, xxhash, xxhash_cbor; or your own name), or null to say nothing"
+        )
+
+
 def _of_type(kind: type, optional: bool = False) -> Validator:
     def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if not isinstance(value, kind) and not (optional and value is None):
@@ -123,6 +131,9 @@ class KVEventsConfig:
     # None: TokenSpeed's rule (bind a wildcard, ipc or inproc endpoint, connect otherwise), so
     # `tcp://127.0.0.1:5557` connects; true binds it, false connects whatever it looks like.
     bind: bool | None = attrs.field(default=None, validator=_check_bind)
+    # What the publisher's descriptor says of the engine, for routers to check (null: unsaid).
+    block_size: int | None = attrs.field(default=None, validator=_integer(1, True))
+    hash_algorithm: str | None = attrs.field(default=None, validator=_check_hash_algorithm)
 
     def __attrs_post_init__(self) -> None:
         if self.curve_secret_key is None:

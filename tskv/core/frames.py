@@ -6,6 +6,7 @@ I/O-free, so each rule of docs/wire.md is tested without sockets.
 
 from __future__ import annotations
 
+import enum
 import struct
 
 import attrs
@@ -16,15 +17,30 @@ _SEQ = struct.Struct(">Q")
 END_SEQ = 2**64 - 1
 END_FRAME = b"\xff" * 8  # -1 as a signed 8-byte int marks the end of a replay
 MAX_REQUEST_BYTES = 1024  # no replay request frame needs more; larger ones disconnect the peer
-# A snapshot request is a replay request whose start_seq frame is this mark and then
-# ff..ff: a publisher that knows no snapshots reads a start past every seq it has, and ends
-# the replay at once. Snapshot parts carry the mark as their first frame.
-SNAPSHOT_MARK = b"tskv-snapshot"
+# tskv's own requests are start_seq frames no other client sends, shaped so that a publisher
+# that knows none of them (vLLM's, TokenSpeed's, SGLang's: `int.from_bytes(frame, "big")`)
+# still answers sensibly:
+# - a replay whose end says the publisher's epoch, or why it was refused: 8 zero bytes, then
+#   the seq. Read as one big-endian integer, that is the same seq: the same batches come back.
+TSKV_REPLAY_PREFIX = bytes(8)
+# - a snapshot, or the publisher's descriptor: a mark, then ff..ff. Read as a seq, a start past
+#   every seq there is: the replay ends at once, and the client knows it got no answer.
+SNAPSHOT_MARK = b"tskv-snapshot"  # snapshot parts carry it as their first frame
 SNAPSHOT_REQUEST = SNAPSHOT_MARK + END_FRAME
-# tskv's publisher says its incarnation (a random 64-bit number drawn when it starts) in the
-# payload of every end marker that is not a refusal: clients that look only at the seq frame
-# (vLLM's, TokenSpeed's) see a normal end, and a refusal's reason is text, never this.
+DESCRIBE_MARK = b"tskv-describe"  # the descriptor's reply carries it as its first frame
+DESCRIBE_REQUEST = DESCRIBE_MARK + END_FRAME
+# What a tskv publisher puts in the end marker's payload for a tskv client; a refusal's
+# reason is text, which never starts with a zero byte, so the two cannot be confused.
 EPOCH_MARK = b"\x00tskv-epoch"
+
+
+class RequestForm(enum.Enum):
+    """Which kind of client sent a replay request, and so what its answer may hold."""
+
+    PLAIN = "plain"  # vLLM's protocol (vLLM, TokenSpeed, Dynamo): answered as vLLM's publisher
+    TSKV = "tskv"  # the same replay; its end marker says the epoch, or a refusal's reason
+    SNAPSHOT = "snapshot"
+    DESCRIBE = "describe"
 
 
 class FrameError(TskvError, ValueError):
@@ -59,25 +75,47 @@ def parse_subscription(frame: bytes, topic: bytes) -> int:
 
 
 def replay_request(start_seq: int) -> list[bytes]:
-    """What a DEALER client sends: an empty delimiter, then the first seq it wants."""
+    """What a DEALER client of vLLM's protocol sends: an empty delimiter, then the first seq
+    it wants (a REQ socket adds the delimiter itself)."""
     return [b"", _SEQ.pack(start_seq)]
+
+
+def tskv_replay_request(start_seq: int) -> list[bytes]:
+    """The same replay, asked so that a tskv publisher's end marker says its epoch (or why it
+    refused); every other publisher reads the same seq and answers as it always does."""
+    return [b"", TSKV_REPLAY_PREFIX + _SEQ.pack(start_seq)]
 
 
 def snapshot_request() -> list[bytes]:
     return [b"", SNAPSHOT_REQUEST]
 
 
-def parse_replay_request(frames: list[bytes]) -> tuple[bytes, int | None]:
-    """`[client, "", start_seq]` as a ROUTER sees it; returns (client, start_seq), with
-    start_seq None for a snapshot request."""
+def describe_request() -> list[bytes]:
+    return [b"", DESCRIBE_REQUEST]
+
+
+@attrs.frozen
+class ReplayRequest:
+    client: bytes
+    form: RequestForm
+    start_seq: int  # END_SEQ for a snapshot or a descriptor
+
+
+def parse_replay_request(frames: list[bytes]) -> ReplayRequest:
+    """`[client, "", start_seq]` as a ROUTER sees it, whichever client sent it."""
     if len(frames) != 3 or frames[1] != b"":
         shape = ", ".join(f"{len(frame)}B" for frame in frames[:6])
         raise FrameError(
             f"replay request must be [client, '', start_seq], got {len(frames)} frames ({shape})"
         )
-    if frames[2] == SNAPSHOT_REQUEST:
-        return bytes(frames[0]), None
-    return bytes(frames[0]), unpack_seq(frames[2])
+    client, start = bytes(frames[0]), frames[2]
+    if start == SNAPSHOT_REQUEST:
+        return ReplayRequest(client, RequestForm.SNAPSHOT, END_SEQ)
+    if start == DESCRIBE_REQUEST:
+        return ReplayRequest(client, RequestForm.DESCRIBE, END_SEQ)
+    if len(start) == 16 and start[:8] == TSKV_REPLAY_PREFIX:
+        return ReplayRequest(client, RequestForm.TSKV, unpack_seq(start))
+    return ReplayRequest(client, RequestForm.PLAIN, unpack_seq(start))
 
 
 def replay_reply(client: bytes, seq: int, payload: bytes, topic: bytes | None) -> list[bytes]:
@@ -93,21 +131,27 @@ def snapshot_part(client: bytes, next_seq: int, index: int, payload: bytes) -> l
     return [client, b"", SNAPSHOT_MARK, _SEQ.pack(next_seq), _SEQ.pack(index), payload]
 
 
-def replay_end(
-    client: bytes, topic: bytes | None, refusal: str = "", epoch: int | None = None
-) -> list[bytes]:
-    """The end of a replay. A refused request ends at once, its reason in the payload frame:
-    clients that only look at the seq see a normal end, tskv's subscriber retries later. Any
-    other end says the publisher's `epoch`, when it has one."""
-    if refusal:
-        payload = refusal.encode()
-    elif epoch is not None:
-        payload = EPOCH_MARK + _SEQ.pack(epoch)
-    else:
-        payload = b""
+def descriptor_reply(client: bytes, payload: bytes) -> list[bytes]:
+    """A publisher's descriptor (`tskv.core.descriptor`), the one reply to a describe request."""
+    return [client, b"", DESCRIBE_MARK, payload]
+
+
+def replay_end(client: bytes, topic: bytes | None, payload: bytes = b"") -> list[bytes]:
+    """The end of a replay, as vLLM's publisher sends it (an empty `payload`) to every client
+    but tskv's, whose end says `epoch_note` or `refusal_note`."""
     if topic is None:
         return [client, b"", END_FRAME, payload]
     return [client, b"", b"", END_FRAME, payload]  # vLLM's end marker has an empty topic
+
+
+def epoch_note(epoch: int | None) -> bytes:
+    return b"" if epoch is None else EPOCH_MARK + _SEQ.pack(epoch)
+
+
+def refusal_note(reason: str) -> bytes:
+    """A refusal's reason, for a tskv client: it asks again later, where an empty end would
+    read as "nothing buffered"."""
+    return reason.encode() or b"refused"
 
 
 @attrs.frozen
@@ -150,9 +194,19 @@ class SnapshotPart:
     payload: bytes
 
 
-def parse_replay_reply(frames: list[bytes]) -> ReplayReply | SnapshotPart:
-    """Read `["", seq, payload]` (TokenSpeed, tskv), `["", topic, seq, payload]` (vLLM), or
-    a snapshot part `["", "tskv-snapshot", next_seq, index, payload]`."""
+@attrs.frozen
+class DescriptorReply:
+    """A publisher's descriptor, still encoded (`tskv.core.descriptor.Descriptor.decode`)."""
+
+    payload: bytes
+
+
+def parse_replay_reply(frames: list[bytes]) -> ReplayReply | SnapshotPart | DescriptorReply:
+    """Read `["", seq, payload]` (TokenSpeed, tskv), `["", topic, seq, payload]` (vLLM), a
+    snapshot part `["", "tskv-snapshot", next_seq, index, payload]`, or a descriptor
+    `["", "tskv-describe", payload]`."""
+    if len(frames) == 3 and frames[0] == b"" and frames[1] == DESCRIBE_MARK:
+        return DescriptorReply(bytes(frames[2]))
     if len(frames) == 5 and frames[0] == b"" and frames[1] == SNAPSHOT_MARK:
         if len(frames[2]) != 8 or len(frames[3]) != 8:
             raise FrameError("snapshot part's next_seq and index frames must be 8 bytes")

@@ -7,7 +7,12 @@ and stops, how replies to many clients interleave, when a client that takes noth
 up on. The clock is injected, so all of it is tested without sockets or sleeps.
 
 A snapshot request is served the same way, its parts made one at a time by a
-`SnapshotBuilder` as they are sent; it counts against the same limits as a replay.
+`SnapshotBuilder` as they are sent; it counts against the same limits as a replay. So does a
+describe request, answered with one message.
+
+Every client of vLLM's protocol (vLLM's, TokenSpeed's and Dynamo's) reads the end of a replay
+by its empty payload, not by its seq: what tskv's own clients are told at the end (the epoch, a
+refusal's reason) goes only to a request in tskv's form (`frames.RequestForm`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import attrs
 
 from tskv.core import frames
 from tskv.core.config import KVEventsConfig
+from tskv.core.frames import RequestForm
 from tskv.core.replay_buffer import ReplayBuffer
 from tskv.core.replay_limits import Peer, RequestGate
 from tskv.core.snapshot import SnapshotBuilder
@@ -45,8 +51,9 @@ class Received:
 
 @attrs.frozen
 class Outgoing:
-    """A message for the shell to send. `seq` is None for a one-off (a refusal's end marker)
-    whose loss, if the client's pipe is full, costs nothing."""
+    """A message for the shell to send. `seq` is None for the end marker, and for a one-off (a
+    refusal's end marker, a descriptor) whose loss, if the client's pipe is full, costs
+    nothing: its client asks again."""
 
     client: bytes
     frames: list[bytes]
@@ -68,6 +75,7 @@ class _Job:
     next_seq: int
     stop_seq: int  # the newest seq when the request came (or the per-request cap): ends there
     last_progress: float
+    tskv: bool  # asked in tskv's form: its end says the epoch
     retry_at: float = 0.0
     in_slice: int = 0
     snapshot: SnapshotBuilder | None = None
@@ -88,6 +96,7 @@ class _Counts:
     snapshots: int = 0  # snapshot requests among `requests`; ...
     snapshots_completed: int = 0  # ...of those, how many were sent whole (in `completed` too)
     snapshot_parts: int = 0
+    descriptors: int = 0  # describe requests answered (in `requests`, and in `completed`)
 
 
 @attrs.frozen
@@ -109,9 +118,11 @@ class ReplayServer:
         clock: Callable[[], float],
         snapshots: Callable[[], SnapshotBuilder] | None = None,
         epoch: int | None = None,
+        describe: Callable[[], bytes] | None = None,
     ) -> None:
         self._buffer = buffer
-        self.epoch = epoch  # said in every end marker but a refusal; None: says none
+        self.epoch = epoch  # said at the end of a tskv client's replay; None: says none
+        self._describe = describe  # the encoded descriptor; None: describe requests end at once
         self._snapshots = snapshots  # None: snapshot requests end at once, as a replay past the end
         self._topic = topic  # the topic frame of vLLM's reply layout; None: TokenSpeed's
         self._client_timeout = config.replay_client_timeout
@@ -125,38 +136,49 @@ class ReplayServer:
     def receive(self, message: list[bytes], peer: Peer) -> Received:
         """Take one request off the ROUTER."""
         try:
-            client, start_seq = frames.parse_replay_request(message)
+            request = frames.parse_replay_request(message)
         except frames.FrameError as exc:
             self._counts.invalid += 1
             return Received(Outcome.INVALID, str(exc))
+        client, form = request.client, request.form
         self._counts.requests += 1
-        self._counts.snapshots += start_seq is None
+        self._counts.snapshots += form is RequestForm.SNAPSHOT
         active = client in self._jobs
         refusal = self._gate.refusal(peer, len(self._jobs), active)
         if refusal is not None:
             self._counts.refused += 1
             self._counts.superseded += active
             self._end_job(client)
-            if len(self._one_offs) < MAX_ONE_OFFS:
-                end = frames.replay_end(client, self._topic, refusal)
-                self._one_offs.append(Outgoing(client, end, None))
+            # vLLM's clients would read a reason as a batch: they get an empty end
+            note = b"" if form is RequestForm.PLAIN else frames.refusal_note(refusal)
+            self._one_off(frames.replay_end(client, self._topic, note))
             return Received(Outcome.REFUSED, refusal)
+        if form is RequestForm.DESCRIBE:  # one message, and no replay of the client's ended
+            self._counts.completed += 1
+            if self._describe is None:
+                self._one_off(frames.replay_end(client, self._topic))
+            else:
+                self._counts.descriptors += 1
+                self._one_off(frames.descriptor_reply(client, self._describe()))
+            return Received(Outcome.SERVED)
         # A client asking again replaces its earlier replay: it wants this one now.
         if active:
             self._counts.superseded += 1
         else:
             self._turns.append(client)
-        if start_seq is None and self._snapshots is not None:
-            job = _Job(client, 0, 0, self._clock(), snapshot=self._snapshots())
+        now, tskv = self._clock(), form is not RequestForm.PLAIN
+        if form is RequestForm.SNAPSHOT and self._snapshots is not None:
+            job = _Job(client, 0, 0, now, tskv, snapshot=self._snapshots())
         else:
-            first = self._buffer.first_at_or_after(
-                frames.END_SEQ if start_seq is None else start_seq
-            )
-            job = _Job(
-                client, first, self._gate.stop_seq(first, self._buffer.next_seq), self._clock()
-            )
+            first = self._buffer.first_at_or_after(request.start_seq)
+            stop = self._gate.stop_seq(first, self._buffer.next_seq)
+            job = _Job(client, first, stop, now, tskv)
         self._jobs[client] = job
         return Received(Outcome.SERVED)
+
+    def _one_off(self, message: list[bytes]) -> None:
+        if len(self._one_offs) < MAX_ONE_OFFS:
+            self._one_offs.append(Outgoing(message[0], message, None))
 
     def _end_job(self, client: bytes) -> None:
         if self._jobs.pop(client, None) is not None:
@@ -196,9 +218,8 @@ class ReplayServer:
         return job.part
 
     def _end(self, job: _Job) -> Outgoing:
-        return Outgoing(
-            job.client, frames.replay_end(job.client, self._topic, "", self.epoch), None
-        )
+        note = frames.epoch_note(self.epoch) if job.tskv else b""
+        return Outgoing(job.client, frames.replay_end(job.client, self._topic, note), None)
 
     def sent(self, out: Outgoing) -> None:
         if self._one_offs and out is self._one_offs[0]:

@@ -18,6 +18,7 @@ import trio
 import zmq
 
 from tskv.core import frames
+from tskv.core.descriptor import PublishedGroups
 from tskv.core.events import KVEvent
 from tskv.core.replay_buffer import ReplayBuffer
 from tskv.core.snapshot import CacheState
@@ -40,7 +41,7 @@ class PublishTask:
         topic: bytes,
         queue: trio.MemoryReceiveChannel[Queued],
         buffer: ReplayBuffer,
-        state: CacheState | None,
+        state: CacheState | PublishedGroups | None,
         on_dequeue: Callable[[], object] | None,
     ) -> None:
         self.endpoint = endpoint
@@ -48,7 +49,8 @@ class PublishTask:
         self._topic = topic
         self._queue = queue
         self._buffer = buffer
-        self._state = state  # what snapshots are made from; None when they are off
+        # what snapshots are made from, or only the groups a descriptor names; None: neither
+        self._state = state
         self._on_dequeue = on_dequeue  # the threaded facade counts its slots with it
         self.published = 0
         self.unsent = 0

@@ -91,7 +91,7 @@ class ReplayClient:
         if isinstance(request, RequestSnapshot):
             asking = frames.snapshot_request()
         else:
-            asking = frames.replay_request(request.start_seq)
+            asking = frames.tskv_replay_request(request.start_seq)  # the end says the epoch
         await self._dealer.send(asking)
         probe = isinstance(request, RequestReplay) and request.probe
         attempt = ReplayAttempt(self._endpoint, self._timeout, probe, self._probe_timeout)
@@ -115,6 +115,9 @@ class ReplayClient:
                 continue
             if isinstance(reply, frames.SnapshotPart):
                 await self._inbox.send(SnapshotPart(request.request_id, reply))
+                continue
+            if isinstance(reply, frames.DescriptorReply):  # never asked on this socket
+                await self._inbox.send(BadFrames("replay reply: a descriptor, not asked for"))
                 continue
             unsubscribed = reply.topic is not None and not reply.topic.startswith(self._topic)
             if unsubscribed and not reply.is_end:

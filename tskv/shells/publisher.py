@@ -27,12 +27,14 @@ import zmq
 from tskv.core import frames
 from tskv.core.codec import DroppedFields, codec_name, encode_round
 from tskv.core.config import KVEventsConfig
+from tskv.core.descriptor import Descriptor, PublishedGroups
 from tskv.core.endpoints import host_and_port, offset_endpoint_port, tcp_host
 from tskv.core.errors import TskvError, TskvTypeError
 from tskv.core.events import EVENT_TYPES, KVEvent
 from tskv.core.replay_buffer import ReplayBuffer
 from tskv.core.replay_server import ReplayServer, ReplayStatistics
 from tskv.core.snapshot import CacheState, SnapshotBuilder
+from tskv.core.version import VERSION
 from tskv.curve.policy import warn_if_exposed
 from tskv.curve.security import ServerSecurity, server_security
 from tskv.shells._background import Pacer, background_tasks
@@ -263,6 +265,14 @@ def _listed(events: Iterable[KVEvent]) -> list[KVEvent]:
         ) from None
 
 
+def _groups_only(config: KVEventsConfig, replay_endpoint: str | None) -> PublishedGroups | None:
+    """Without the cache state, the groups a descriptor names are followed alone: only where
+    there is a replay socket to describe on, and a wire that carries groups."""
+    if replay_endpoint is None or not config.layout.tiered_state:
+        return None
+    return PublishedGroups()
+
+
 def _snapshot_maker(
     state: CacheState, buffer: ReplayBuffer, config: KVEventsConfig, dp_rank: int
 ) -> Callable[[], SnapshotBuilder]:
@@ -271,6 +281,34 @@ def _snapshot_maker(
         return SnapshotBuilder(frozen, time.time(), dp_rank, config.wire_format)
 
     return make
+
+
+def _describer(
+    config: KVEventsConfig,
+    dp_rank: int,
+    buffer: ReplayBuffer,
+    followed: CacheState | PublishedGroups | None,
+    epoch: int,
+) -> Callable[[], bytes]:
+    """What the publisher says it is, made afresh for each describe request (they are rare)."""
+
+    def describe() -> bytes:
+        next_seq = buffer.next_seq
+        return Descriptor.with_groups(
+            () if followed is None else followed.groups.values(),
+            tskv_version=VERSION,
+            epoch=epoch,
+            wire_format=config.wire_format,
+            topic=config.topic,
+            dp_rank=dp_rank,
+            block_size=config.block_size,
+            hash_algorithm=config.hash_algorithm,
+            oldest_seq=buffer.oldest_seq,
+            newest_seq=next_seq - 1 if buffer.oldest_seq is not None else None,
+            snapshots=isinstance(followed, CacheState),
+        ).encode()
+
+    return describe
 
 
 def _check_config(config: object) -> KVEventsConfig:
@@ -331,12 +369,15 @@ async def open_publisher(
         queue, queued = trio.open_memory_channel[Queued](config.max_queue_size)
         keeps_state = config.serves_snapshots(replay_endpoint)
         state = CacheState(tiered=config.layout.tiered_state) if keeps_state else None
+        followed = state or _groups_only(config, replay_endpoint)
         sockets = _Sockets(cleanup, context, config, security, watch)
-        publishing, pub_monitor = sockets.publish(endpoint, queued, buffer, state, on_dequeue)
+        publishing, pub_monitor = sockets.publish(endpoint, queued, buffer, followed, on_dequeue)
         replaying = None
         if replay_endpoint is not None:
             snapshot = None if state is None else _snapshot_maker(state, buffer, config, dp_rank)
-            replaying = sockets.replay(replay_endpoint, buffer, snapshot)
+            epoch = secrets.randbits(64)  # this incarnation's: a restart says another
+            describe = _describer(config, dp_rank, buffer, followed, epoch)
+            replaying = sockets.replay(replay_endpoint, buffer, snapshot, epoch, describe)
         publisher = Publisher._create(
             config, dp_rank, queue, publishing, replaying, buffer, state, watch
         )
@@ -479,7 +520,7 @@ class _Sockets:
         endpoint: str,
         queued: trio.MemoryReceiveChannel[Queued],
         buffer: ReplayBuffer,
-        state: CacheState | None,
+        state: CacheState | PublishedGroups | None,
         on_dequeue: Callable[[], object] | None,
     ) -> tuple[PublishTask, SocketMonitor]:
         config = self.config
@@ -501,6 +542,8 @@ class _Sockets:
         endpoint: str,
         buffer: ReplayBuffer,
         snapshot: Callable[[], SnapshotBuilder] | None,
+        epoch: int,
+        describe: Callable[[], bytes],
     ) -> ReplayTask:
         router, address = open_socket(
             self.context,
@@ -514,6 +557,7 @@ class _Sockets:
         )
         self._closed_after_its_monitor(router.close)
         reply_topic = self.config.layout.reply_topic
-        epoch = secrets.randbits(64)  # this incarnation's: a restart on the same ports says another
-        server = ReplayServer(buffer, self.config, reply_topic, trio.current_time, snapshot, epoch)
+        server = ReplayServer(
+            buffer, self.config, reply_topic, trio.current_time, snapshot, epoch, describe
+        )
         return ReplayTask(router, address, server)
