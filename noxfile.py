@@ -7,6 +7,7 @@ import nox
 TOKENSPEED = (
     "tokenspeed==0.1.1"  # the peer the drop-in is compared with (tests/interop/test_dropin.py)
 )
+DYNAMO = "ai-dynamo-runtime==1.6.1"  # its indexer and radix tree read tskv's stream (test_dynamo)
 
 nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
 nox.options.reuse_existing_virtualenvs = True
@@ -29,9 +30,19 @@ def tokenspeed_wheel(session: nox.Session) -> dict[str, str]:
     return {"TSKV_TOKENSPEED_WHEEL": str(wheels[-1])} if wheels else {}
 
 
+def install_dynamo(session: nox.Session) -> None:
+    """Dynamo's indexer and radix tree, where its wheels exist (Linux x86-64); elsewhere the
+    tests that run them skip, saying so."""
+    try:
+        session.install(DYNAMO)
+    except nox.command.CommandFailed:
+        session.log(f"{DYNAMO} does not install here: its interop tests are skipped")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test,plot]")  # plot: the --plot test draws a real chart
+    install_dynamo(session)
     session.run("pytest", *session.posargs, env=tokenspeed_wheel(session))
     if not session.posargs:  # and the events, codec and subscriber as a machine without msgspec
         without = [
@@ -81,10 +92,5 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     session.install("-e", ".[fast,test]")
-    try:  # Dynamo's index, to compare with (Linux x86-64 wheels only); optional
-        session.install("ai-dynamo-runtime")
-    except nox.command.CommandFailed:
-        session.log("ai-dynamo-runtime does not install here: the Dynamo columns are skipped")
-    else:  # Dynamo's own ZMQ indexer reads tskv's stream on both wires
-        session.run("pytest", "-q", "tests/interop/test_dynamo.py")
+    install_dynamo(session)  # the Dynamo columns, where it installs
     session.run("python", "-m", "benchmarks", *session.posargs)

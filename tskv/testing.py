@@ -59,9 +59,10 @@ class ScriptedPublisher:
     sent and dropped batches describe, `snapshot_part_blocks` blocks a part; False: end them at
     once, as a publisher without snapshots does), `epoch` (None: says none, as TokenSpeed's and
     vLLM's publishers; a number: said at the end of a tskv client's replay, and drawn anew by
-    `restart()`). `replay_requests` lists the start seqs asked for, None for a snapshot (or a
-    describe request, which is answered as a publisher without descriptors does: at once).
-    Every event is checked in full when it is encoded (strict mode).
+    `restart()`). `replay_requests` lists the start seqs asked for, None for a snapshot;
+    `describe_requests` counts the requests for a descriptor, each answered as a publisher
+    without descriptors does: at once. Every event is checked in full when it is encoded
+    (strict mode).
     """
 
     SETTINGS = (
@@ -91,6 +92,7 @@ class ScriptedPublisher:
         self.epoch: int | None = None
         self.state = CacheState()  # what the batches sent and dropped so far describe
         self.replay_requests: list[int | None] = []
+        self.describe_requests = 0
         self._pub = pub
         self._subscriptions = 0
         self._dropped = DroppedFields(logger.warning)
@@ -176,7 +178,10 @@ class ScriptedPublisher:
                 continue
             client, form = request.client, request.form
             asks_state = form in (RequestForm.SNAPSHOT, RequestForm.DESCRIBE)
-            self.replay_requests.append(None if asks_state else request.start_seq)
+            if form is RequestForm.DESCRIBE:
+                self.describe_requests += 1
+            else:
+                self.replay_requests.append(None if asks_state else request.start_seq)
             if self.replay_mode == "never":
                 continue
             await trio.sleep(self.replay_delay)

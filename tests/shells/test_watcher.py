@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -579,3 +580,59 @@ async def test_a_worker_removed_while_its_snapshot_is_applied_stays_out_of_the_i
         watcher.remove("w")
         await trio.testing.wait_all_tasks_blocked()
         assert "w" not in index.workers and len(index) == 0
+
+
+async def test_a_worker_whose_block_size_or_hash_differs_is_named_once_with_both_values(
+    processes: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asked at `add`, a tskv publisher says its block size and hash: a worker that cannot match
+    the index is said so (one log line, its status), where before it matched nothing, silently."""
+    index = tskv.PrefixIndex(16)
+    said = {
+        "same": attrs.evolve(CONFIG, block_size=16, hash_algorithm="sha256_cbor"),
+        "other_size": attrs.evolve(CONFIG, block_size=32, hash_algorithm="sha256_cbor"),
+        "other_hash": attrs.evolve(CONFIG, block_size=16, hash_algorithm="xxhash"),
+    }
+    async with (
+        tskv.open_publisher(said["same"], 0) as same,
+        tskv.open_publisher(said["other_size"], 1) as other_size,
+        tskv.open_publisher(said["other_hash"], 2) as other_hash,
+        tskv.open_watcher(index, processes=processes) as watcher,
+    ):
+        statuses = []
+        for name, publisher in [
+            ("same", same),
+            ("other_size", other_size),
+            ("other_hash", other_hash),
+        ]:
+            watcher.add(name, publisher.endpoint, publisher.replay_endpoint)
+            with trio.fail_after(10):
+                statuses.append(await watcher.described(name))
+    assert [status.descriptor and status.descriptor.epoch for status in statuses] == [
+        same.epoch,
+        other_size.epoch,
+        other_hash.epoch,
+    ]
+    assert [status.mismatch for status in statuses] == [
+        None,
+        "its block size is 32, the index's is 16",
+        "its hash algorithm is xxhash, another worker's is sha256_cbor",
+    ]
+    lines = [
+        record.getMessage() for record in caplog.records if "cannot be matched" in record.message
+    ]
+    assert len(lines) == 2 and "block size is 32, the index's is 16" in lines[0]
+
+
+async def test_a_publisher_that_says_nothing_of_itself_is_followed_as_before(
+    tskv_scripted: ScriptedPublisher,
+) -> None:
+    index = tskv.PrefixIndex(16)
+    tskv_scripted.send([BlockStored([1], None, [0] * 16, 16)])
+    async with tskv.open_watcher(index) as watcher:
+        watcher.add("w", tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
+        with trio.fail_after(10):
+            status = await watcher.described("w")
+            await watcher.wait_for_seq("w", 0)
+    assert (status.descriptor, status.mismatch) == (None, None)
+    assert index.engine_hashes("w") == {1}

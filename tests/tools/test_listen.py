@@ -22,7 +22,7 @@ from tests.zmq_helpers import LOOPBACK, inproc_name, next_subscription, raw_sock
 from tskv import BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, ZmqEventPublisher
 from tskv._cli.listen import format_batch, listen
 from tskv.core.frames import live_message
-from tskv.testing import ScriptedPublisher
+from tskv.testing import ScriptedPublisher, open_scripted_publisher
 
 
 def payload(seq: int) -> bytes:
@@ -321,3 +321,41 @@ async def test_a_bootstrap_from_seq_0_is_not_counted_as_repaired() -> None:
             )  # fmt: skip
     assert len(out.getvalue().splitlines()) == 3
     assert "3 batches (0 repaired from replay), 0 lost" in summary.getvalue()
+
+
+async def test_describe_prints_what_a_publisher_says_it_is_and_says_when_it_says_nothing() -> None:
+    config = tskv.KVEventsConfig(
+        endpoint=LOOPBACK,
+        replay_endpoint=LOOPBACK,
+        wire_format="vllm",
+        block_size=16,
+        hash_algorithm="xxhash",
+    )
+    async with tskv.open_publisher(config) as publisher:
+        await publisher.publish(
+            [tskv.BlockStored([1], None, [0] * 16, 16, group_idx=1, kv_cache_spec_kind="mamba")]
+        )
+        assert publisher.replay_endpoint is not None
+        args = [sys.executable, "-m", "tskv", "listen", "--describe", publisher.replay_endpoint]
+        text = await trio.run_process(args, capture_stdout=True, capture_stderr=True)
+        as_json = await trio.run_process([*args, "--json"], capture_stdout=True)
+    lines = text.stdout.decode().splitlines()
+    assert lines[0] == (
+        f"publisher on {publisher.replay_endpoint}: tskv {tskv.__version__}, "
+        f"epoch {publisher.epoch:016x}"
+    )
+    assert "block_size=16 hash_algorithm=xxhash" in lines[2]
+    assert lines[-1] == "  group 1: mamba block_size=16"
+    said = json.loads(as_json.stdout)
+    assert (said["epoch"], said["block_size"], said["wire_format"]) == (
+        publisher.epoch,
+        16,
+        "vllm",
+    )
+    async with open_scripted_publisher() as scripted:
+        assert scripted.replay_endpoint is not None
+        args[-1] = scripted.replay_endpoint
+        done = await trio.run_process(args, capture_stderr=True, check=False)
+    assert done.returncode == 1 and "does not describe itself" in done.stderr.decode()
+    done = await trio.run_process([*args, "tcp://127.0.0.1:1"], capture_stderr=True, check=False)
+    assert done.returncode == 2 and "drop ENDPOINT" in done.stderr.decode()

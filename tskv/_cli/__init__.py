@@ -70,7 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print one line per batch, repair gaps from replay, show what is lost. "
         "Ctrl-C, SIGTERM, --count or --duration ends it with a summary.",
     )
-    listen.add_argument("endpoint", type=endpoint, help="the publisher's PUB endpoint")
+    listen.add_argument("endpoint", type=endpoint, nargs="?", help="the publisher's PUB endpoint")
+    listen.add_argument(
+        "--describe",
+        type=endpoint,
+        metavar="REPLAY_ENDPOINT",
+        help="print what the publisher on this replay endpoint says it is (a tskv publisher's "
+        "version, epoch, wire, block size, hash, KV cache groups, buffer) and exit: 0 when it "
+        "said, 1 when it does not describe itself (TokenSpeed's, vLLM's, ...)",
+    )
     listen.add_argument(
         "--replay-endpoint",
         "--replay",

@@ -17,6 +17,7 @@ import trio
 from tskv.core.codec import mm_key_fields
 from tskv.core.config import MAX_MESSAGE_BYTES
 from tskv.core.delivery import MAX_SNAPSHOT_BYTES
+from tskv.core.descriptor import Descriptor
 from tskv.core.errors import HandshakeError
 from tskv.core.events import (
     AllBlocksCleared,
@@ -30,6 +31,7 @@ from tskv.core.events import (
 )
 from tskv.core.losses import Loss
 from tskv.shells._reachability import unreachable_reason
+from tskv.shells.describe import describe_publisher
 from tskv.shells.subscriber import Subscriber, open_subscriber
 
 
@@ -231,7 +233,64 @@ async def listen(
 ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end
 
 
+DESCRIBE_TIMEOUT = 5.0  # seconds a publisher has to answer --describe
+
+
+def format_descriptor(endpoint: str, said: Descriptor) -> str:
+    """A descriptor for a person: one line of who, then what a router needs to know."""
+    epoch = "-" if said.epoch is None else f"{said.epoch:016x}"
+    buffer = "empty" if said.oldest_seq is None else f"seq {said.oldest_seq}..{said.newest_seq}"
+    lines = [
+        f"publisher on {endpoint}: tskv {said.tskv_version}, epoch {epoch}",
+        f"  wire_format={said.wire_format} topic={said.topic!r} dp_rank={said.dp_rank}",
+        f"  block_size={_said(said.block_size)} hash_algorithm={_said(said.hash_algorithm)}",
+        f"  replay buffer: {buffer}; snapshots {'served' if said.snapshots else 'not served'}",
+    ]
+    for group in said.groups:
+        window = "" if group.sliding_window is None else f" window={group.sliding_window}"
+        kind = group.kind or "unknown"
+        lines.append(f"  group {group.index}: {kind} block_size={group.block_size}{window}")
+    lines.extend(f"  {name}={value!r}" for name, value in said.unknown_fields.items())
+    return "\n".join(lines)
+
+
+def _said(value: object) -> str:
+    return "unsaid" if value is None else str(value)
+
+
+async def describe(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """`--describe`: the descriptor, or a line saying there is none (exit status 1)."""
+    with trio.move_on_after(DESCRIBE_TIMEOUT):
+        said = await describe_publisher(
+            args.describe,
+            curve_server_key=args.curve_server_key,
+            curve_secret_key=args.curve_secret_key,
+        )
+        if said is None:
+            print(
+                f"tskv listen: the publisher on {args.describe} does not describe itself (it "
+                "is not tskv's): its stream is read all the same",
+                file=sys.stderr,
+            )
+            return 1
+        text = json.dumps(said.summary()) if args.json else format_descriptor(args.describe, said)
+        print(text, file=out, flush=True)
+        return 0
+    raise TimeoutError(
+        f"{args.describe} did not answer in {DESCRIBE_TIMEOUT:g} s: give the publisher's replay "
+        "endpoint (not its PUB endpoint), and check it is running"
+    )
+
+
 async def main(args: argparse.Namespace) -> int:
+    if args.describe is not None:
+        if args.endpoint is not None:
+            raise ValueError("--describe takes the replay endpoint alone: drop ENDPOINT")
+        return await describe(args)
+    if args.endpoint is None:
+        raise ValueError(
+            "listen needs ENDPOINT (the publisher's PUB endpoint), or --describe REPLAY_ENDPOINT"
+        )
     if args.start is not None and args.replay is None:
         raise ValueError(f"--from {args.start} needs --replay-endpoint ENDPOINT")
     if args.curve_secret_key is not None and args.curve_server_key is None:

@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from tskv.core.config import SubscriberConfig
+from tskv.core.descriptor import Descriptor
 from tskv.core.prefix_index import Worker
 from tskv.core.worker_view import WorkerFigures
 
@@ -24,6 +25,9 @@ class Watched:
     figures: WorkerFigures = attrs.Factory(WorkerFigures)
     changed: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
     on_turn: Callable[[], object] | None = None  # told when it turns stale, current, silent, back
+    descriptor: Descriptor | None = None  # what its publisher said it is, if it said
+    described: trio.Event = attrs.Factory(trio.Event)  # set once its publisher was asked
+    mismatch: str | None = None  # why its blocks cannot match the index's, if they cannot
 
     def update(self, figures: WorkerFigures) -> None:
         """New figures: whoever waits on this worker looks again, and a turn is told."""
@@ -50,4 +54,14 @@ def log_failure(worker: Worker, watched: Watched, error: str, retry_in: float) -
         watched.endpoint,
         error,
         retry_in,
+    )
+
+
+def log_mismatch(worker: Worker, watched: Watched, why: str) -> None:
+    logger.warning(
+        "worker %r on %s cannot be matched with this index: %s; give every worker of an index "
+        "the same block size and hash algorithm (or a PrefixIndex of its own)",
+        worker,
+        watched.endpoint,
+        why,
     )

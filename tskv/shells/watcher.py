@@ -27,8 +27,9 @@ import zmq
 
 from tskv.core._checks import int_at_least
 from tskv.core.config import SubscriberConfig
+from tskv.core.descriptor import Descriptor, mismatch
 from tskv.core.endpoints import check_endpoint
-from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
+from tskv.core.errors import ConfigError, TskvError, TskvLookupError, TskvTypeError
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.reader_messages import Follow
@@ -40,7 +41,8 @@ from tskv.shells._index_record import IndexRecord, Listener
 from tskv.shells._live_pump import PUMP_AVAILABLE, LivePump
 from tskv.shells._reader_mirror import ReaderMirror
 from tskv.shells._reader_process import Reader, ReaderStatus
-from tskv.shells._watched import Roster, Watched
+from tskv.shells._watched import Roster, Watched, log_mismatch, logger
+from tskv.shells.describe import describe_publisher
 
 
 @attrs.frozen(kw_only=True)
@@ -51,6 +53,8 @@ class WorkerStatus(WorkerFigures):
     endpoint: str
     replay_endpoint: str | None
     config: SubscriberConfig = attrs.Factory(SubscriberConfig)  # its subscriber's settings
+    descriptor: Descriptor | None = None  # what its publisher said it is (tskv's publishers)
+    mismatch: str | None = None  # why its blocks cannot match the index's (a block size, a hash)
 
 
 QUIET_INTERVAL = 1.0  # a watched worker's quiet stream is probed this often: dead in 2 s
@@ -122,6 +126,10 @@ class Watcher(metaclass=NoPublicConstructor):
             reader.add(worker, Follow(watched.slot, endpoint, replay_endpoint, settings))
         else:
             self._nursery.start_soon(self._follow_here, worker, watched)
+        if replay_endpoint is not None:
+            self._nursery.start_soon(self._describe, worker, watched)
+        else:
+            watched.described.set()  # nowhere to ask
 
     def remove(self, worker: Worker) -> None:
         """Stop following `worker` and drop it from the index. Raises `TskvLookupError` (a
@@ -145,6 +153,8 @@ class Watcher(metaclass=NoPublicConstructor):
             endpoint=watched.endpoint,
             replay_endpoint=watched.replay_endpoint,
             config=watched.config,
+            descriptor=watched.descriptor,
+            mismatch=watched.mismatch,
         )
 
     def _watched(self, worker: Worker) -> Watched:
@@ -185,6 +195,14 @@ class Watcher(metaclass=NoPublicConstructor):
         """Wait until `worker`'s publisher is silent (or, with `silent=False`, answers)."""
         await self._wait(worker, lambda f: f.silent == silent)
 
+    async def described(self, worker: Worker) -> WorkerStatus:
+        """`worker`'s status once its publisher has been asked what it is (at `add`): its
+        `descriptor` (None where the publisher says nothing, as every one but tskv's) and its
+        `mismatch`, if its block size or hash cannot match the index's."""
+        watched = self._watched(worker)
+        await watched.described.wait()
+        return self.status(worker)
+
     async def wait_for_failure(self, worker: Worker, count: int = 1) -> None:
         """Wait until `worker`'s subscriber has failed `count` times (its `last_error` says
         why)."""
@@ -202,6 +220,43 @@ class Watcher(metaclass=NoPublicConstructor):
             endpoints = (watched.endpoint, watched.replay_endpoint)
             config, context, turns = watched.config, self._context, self._bootstraps
             await follow(self._record, worker, *endpoints, config, context, turns, self._pump)
+
+    async def _describe(self, worker: Worker, watched: Watched) -> None:
+        """Ask the worker's publisher what it is, beside following it: one whose block size or
+        hash differs from the index's or its other workers' would match nothing, silently. A
+        publisher that does not say (any but tskv's), or does not answer, is followed as it is."""
+        try:
+            await self._ask(worker, watched)
+        finally:
+            watched.described.set()
+
+    async def _ask(self, worker: Worker, watched: Watched) -> None:
+        config = watched.config
+        with trio.move_on_after(config.replay_timeout):  # bounded: no need to cancel on remove
+            assert watched.replay_endpoint is not None
+            try:
+                said = await describe_publisher(
+                    watched.replay_endpoint,
+                    curve_server_key=config.curve_server_key,
+                    curve_secret_key=config.curve_secret_key,
+                    context=self._context,
+                )
+            except (TskvError, ValueError, OSError) as exc:
+                logger.info("worker %r did not say what it is: %s", worker, exc)
+                return
+            if said is None or self._roster.get(worker) is not watched:
+                return
+            watched.descriptor = said
+            others = (
+                other.descriptor
+                for other in self._roster.values()
+                if other is not watched and other.descriptor is not None
+            )
+            watched.mismatch = mismatch(said, self.index.block_size, others)
+            if watched.mismatch is not None:
+                log_mismatch(worker, watched, watched.mismatch)
+                if watched.on_turn is not None:
+                    watched.on_turn()
 
     async def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
