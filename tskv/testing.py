@@ -138,6 +138,11 @@ class ScriptedPublisher:
         self._send_live(seq, body)
         return seq
 
+    def send_stale(self, seq: int, events: Iterable[KVEvent], ts: float = 0.5) -> None:
+        """A batch of a publisher since gone, read off its connection after this one came up
+        (a SUB reads its connections' queues in turn): live at `seq`, in no replay buffer."""
+        self._send_live(seq, self.payload(events, ts))
+
     def drop(self, events: Iterable[KVEvent]) -> int:
         """A batch lost on the way: only the replay buffer has it (a gap replay can repair)."""
         seq = self._take(None)
@@ -377,6 +382,11 @@ class ScriptedPublisherThread:
         self, events: Iterable[KVEvent], *, seq: int | None = None, payload: bytes | None = None
     ) -> int:
         return self._loop.run_sync(lambda: self.scripted.send(events, seq=seq, payload=payload))
+
+    def send_stale(self, seq: int, events: Iterable[KVEvent], ts: float = 0.5) -> None:
+        """A batch of a publisher since gone, read off its connection after this one came up
+        (a SUB reads its connections' queues in turn): live at `seq`, in no replay buffer."""
+        self._send_live(seq, self.payload(events, ts))
 
     def drop(self, events: Iterable[KVEvent]) -> int:
         return self._loop.run_sync(self.scripted.drop, events)

@@ -20,6 +20,7 @@ import zipfile
 from typing import Any
 
 import pytest
+import trio
 import zmq
 
 import tskv
@@ -283,3 +284,18 @@ def test_a_registered_publisher_is_built_by_name() -> None:
     config = '{"enable_kv_cache_events": true, "publisher": "recording-dropin-test", "hwm": 7}'
     made = tskv.EventPublisherFactory.create(config, 3)
     assert isinstance(made, Recording) and made.attn_dp_rank == 3 and built[0]["hwm"] == 7
+
+
+async def test_tokenspeeds_publisher_answers_a_describe_request_with_the_end_alone() -> None:
+    """It reads the request as a replay past its newest seq: tskv's clients learn it says
+    nothing of itself, and follow it as before."""
+    replay = f"tcp://127.0.0.1:{free_loopback_port()}"
+    publisher = TS.ZmqEventPublisher(
+        attn_dp_rank=0, endpoint=f"tcp://127.0.0.1:{free_loopback_port()}", replay_endpoint=replay
+    )
+    try:
+        publisher.publish(tokenspeed_batches()[0])
+        with trio.fail_after(10):
+            assert await tskv.describe_publisher(replay) is None
+    finally:
+        await trio.to_thread.run_sync(publisher.shutdown)

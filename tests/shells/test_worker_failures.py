@@ -153,6 +153,10 @@ def batch(seq: int, generation: str) -> list[tskv.KVEvent]:
     return [BlockStored([offset + seq], None, [offset + seq] * 4, 4)]
 
 
+def first_hashes(events: list[tskv.KVEvent]) -> list[int]:
+    return [event.block_hashes[0] for event in events if isinstance(event, BlockStored)]
+
+
 class Seen:
     """A subscriber's deliveries and losses, in the order its consumer met them."""
 
@@ -394,3 +398,38 @@ async def test_the_endpoint_reported_passed_back_with_its_rank_is_warned_about(
         async with tskv.open_publisher(config, dp_rank=1) as again:
             assert again.endpoint == reported  # the same ports: what the watcher connects to
     assert "is the one a publisher" not in caplog.text
+
+
+@pytest.mark.parametrize("epoch", [None, 7], ids=["no-epoch", "epoch"])
+async def test_a_dead_publishers_batch_read_after_the_new_one_came_up_is_found_out(
+    tskv_scripted: ScriptedPublisher, epoch: int | None
+) -> None:
+    """A crash loop's interleaving, scripted: the old publisher's 0-2 delivered; it dies, and
+    its batch 3, still queued on its connection, is read after the new one's first batches
+    were lost (its own 0-3 heard by no one); the new one's 4 then follows on, seq for seq.
+    Nothing live tells them apart; the quiet stream's probe compares every batch live gave
+    with replay's (the new publisher's), finds 0 differs, and restarts from the new one's 0."""
+    tskv_scripted.epoch = epoch
+    losses: list[Loss] = []
+    got: list[tuple[int, list[int]]] = []
+    endpoints = (tskv_scripted.endpoint, tskv_scripted.replay_endpoint)
+    async with tskv.open_subscriber(
+        *endpoints, start_seq=0, on_loss=losses.append, quiet_interval=0.2
+    ) as sub:
+        for n in range(3):
+            tskv_scripted.send(batch(n, "old"))
+        await tskv_scripted.wait_for_subscriber()
+        tskv_scripted.restart()  # the new one, on the same endpoints
+        tskv_scripted.send_stale(3, batch(3, "old"))
+        for n in range(4):
+            tskv_scripted.drop(batch(n, "new"))
+        tskv_scripted.send(batch(4, "new"))
+        with trio.fail_after(20):
+            async for seq, received in sub:
+                got.append((seq, first_hashes(received.events)))
+                if seq == 4 and any(loss.reason is LossReason.RESTART for loss in losses):
+                    break
+    restart = next(n for n, loss in enumerate(losses) if loss.reason is LossReason.RESTART)
+    assert losses[restart] == Loss(5, None, LossReason.RESTART, new_seq=0)
+    since = got[-5:]
+    assert since == [(n, first_hashes(batch(n, "new"))) for n in range(5)]

@@ -20,6 +20,63 @@ from tskv.core.actions import (
 from tskv.core.losses import Loss, LossReason
 
 MAX_SNAPSHOT_BYTES = 256 << 20  # a snapshot's parts, gathered: ~3.5M blocks of 16 tokens
+RECENT = 64  # batches delivered whose fingerprint is kept, to compare with replay's (a power of 2)
+
+
+class Recent:
+    """What the last `RECENT` batches delivered were, and from which seq on no replay has shown
+    them since they could have come from a publisher now gone.
+
+    A live batch may be a dead publisher's: a SUB reads each connection's queue in turn, so one
+    sent just before a crash can be read after the new publisher came up, at the very seq that
+    comes next. Once the connection drops, so may any batch delivered (a replay cut short by
+    the crash). Replay, answered by the publisher up now, shows which: a probe starts at
+    `first_unverified`, and a batch it shows that differs from ours is a restart. A fingerprint
+    is the length and first 24 bytes of the payload, which hold the round's timestamp: two
+    incarnations do not share it, and it costs a slice, not a hash of the payload.
+    """
+
+    __slots__ = ("_ring", "_unverified_from")
+
+    def __init__(self) -> None:
+        self._ring: list[tuple[int, int, bytes] | None] = [None] * RECENT
+        self._unverified_from: int | None = None
+
+    def note(self, seq: int, payload: bytes, live: bool) -> None:
+        self._ring[seq & (RECENT - 1)] = (seq, len(payload), payload[:24])
+        if live and self._unverified_from is None:
+            self._unverified_from = seq
+
+    def doubt_all(self) -> None:
+        """The connection dropped or came back: any of them may be a dead publisher's."""
+        seqs = [entry[0] for entry in self._ring if entry is not None]
+        if seqs:
+            self._unverified_from = min(seqs)
+
+    def forget(self) -> None:
+        """A new sequence: the seqs kept are the old one's."""
+        self._ring = [None] * RECENT
+        self._unverified_from = None
+
+    def shows(self, seq: int, payload: bytes) -> bool:
+        """Replay shows `payload` at `seq`: False if we delivered another batch there."""
+        entry = self._ring[seq & (RECENT - 1)]
+        return entry is None or entry[0] != seq or entry[1:] == (len(payload), payload[:24])
+
+    def first_unverified(self, expected: int) -> int | None:
+        """Where a probe starts to show every batch kept that no replay has shown (None: all
+        shown)."""
+        start = self._unverified_from
+        if start is None or start >= expected:
+            return None
+        self._unverified_from = start = max(start, expected - RECENT)
+        return start
+
+    def shown_before(self, seq: int) -> None:
+        """A probe from `first_unverified` ended: what it asked about before `seq` was shown
+        (or its publisher no longer buffers it, and nothing can show it)."""
+        if self._unverified_from is not None and self._unverified_from < seq:
+            self._unverified_from = seq
 
 
 @attrs.frozen
@@ -87,16 +144,20 @@ class Asking:
         probe: bool = False,
         compare: Delivered | None = None,
         bootstrap: bool = False,
+        verify_from: int | None = None,
     ) -> RequestReplay:
         """Ask for what follows `expected - 1`. A request starts at a batch delivered, to
         compare it: `compare` when given, else the last one (`last`, its payload). A probe
         does so even unseen (after a snapshot): the publisher still holds its newest batch, so
-        a reply without it means a sequence behind ours."""
+        a reply without it means a sequence behind ours. `verify_from`, the first live batch
+        no replay has shown yet, starts it earlier still."""
         self.last_id += 1
         if compare is None and expected > 0 and (probe or last is not None):
             compare = (expected - 1, last)
         self.state = Replaying(self.last_id, expected, compare, probe, bootstrap)
         start = expected if compare is None else compare[0]
+        if verify_from is not None:  # earlier, to see what replay has at those seqs too
+            start = min(start, verify_from)
         return RequestReplay(start, self.last_id, probe)
 
     def snapshot(
@@ -144,26 +205,35 @@ class Order:
         self.last_live: int | None = None
         self.pending: dict[int, bytes] = {}
         self.last_payload: bytes | None = None  # what was delivered at expected - 1
+        self.recent = Recent()  # to tell a dead publisher's batches from the live one's
 
     def start_over(self, expected: int) -> None:
         """Deliver from `expected` on, in a sequence whose batch before it was never seen."""
         self.expected = expected
         self.last_payload = None
 
+    def deliver_live(self, seq: int, payload: bytes) -> Deliver:
+        self.expected = seq + 1
+        self.last_payload = payload
+        self.recent.note(seq, payload, True)
+        return Deliver(seq, payload, False)
+
     def missing(self) -> bool:
         """Batches are known to exist past what was delivered: held past a hole."""
         return bool(self.pending)
 
     def deliver(self, seq: int, payload: bytes, repaired: bool) -> Deliver:
+        """A batch from replay: the publisher that answered it is the one up now."""
         self.expected = seq + 1
         self.last_payload = payload
+        self.recent.note(seq, payload, False)
         return Deliver(seq, payload, repaired)
 
     def drain(self, actions: list[Action]) -> None:
         """Deliver held live batches that now follow on without a hole."""
         while self.expected in self.pending:
             seq = self.expected
-            actions.append(self.deliver(seq, self.pending.pop(seq), False))
+            actions.append(self.deliver_live(seq, self.pending.pop(seq)))
 
     def advance_to(self, target: int, reason: LossReason, actions: list[Action]) -> None:
         """Move on to `target`: deliver the held batches on the way, report the holes."""
@@ -202,9 +272,10 @@ class Order:
         assert self.expected is not None
         actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=0))
         self.start_over(0)
+        self.recent.forget()
         self.last_live = seq
         if seq == 0:
-            actions.append(self.deliver(seq, payload, False))
+            actions.append(self.deliver_live(seq, payload))
             return False
         self.pending[seq] = payload
         return True
@@ -213,7 +284,8 @@ class Order:
         """Report a discontinuity and go on from `seq`, delivered."""
         assert self.expected is not None
         actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=seq))
-        actions.append(self.deliver(seq, payload, False))
+        self.recent.forget()
+        actions.append(self.deliver_live(seq, payload))
 
     def replaced(self, actions: list[Action]) -> None:
         """Report a restart found on replay; the held live batches belong to the new sequence,
@@ -221,6 +293,7 @@ class Order:
         assert self.expected is not None
         actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=0))
         self.start_over(0)
+        self.recent.forget()
         # what was heard live of the old sequence says nothing of the new one's length
         self.last_live = max(self.pending, default=None)
 
@@ -239,6 +312,7 @@ class Order:
         assert self.expected is not None
         if after < self.expected and not bootstrap:  # older than what we have: a new sequence
             actions.append(Loss(self.expected, None, LossReason.RESTART, new_seq=after))
+            self.recent.forget()
             self.last_live = max((seq for seq in self.pending if seq >= after), default=None)
         if bootstrap or resync or (after > 0 and after != self.expected):  # empty is news too
             replaced = self.expected if after > self.expected and not bootstrap else None

@@ -9,7 +9,7 @@ appends the actions it takes to the list it is given or returns them.
 from __future__ import annotations
 
 from tskv.core.actions import Action, RequestReplay
-from tskv.core.delivery import Asking, Order, Snapshotting
+from tskv.core.delivery import Asking, Delivered, Order, Snapshotting
 from tskv.core.losses import LossReason
 
 
@@ -28,10 +28,17 @@ class Repair:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _request(self, probe: bool = False, bootstrap: bool = False) -> RequestReplay:
+    def _request(
+        self, probe: bool = False, bootstrap: bool = False, compare: Delivered | None = None
+    ) -> RequestReplay:
+        """Ask for what follows delivery; a probe starts where the batches no replay has shown
+        yet start, to compare them all (`Recent`)."""
         order = self.order
         assert order.expected is not None
-        return self.asking.replay(order.expected, order.last_payload, probe, bootstrap=bootstrap)
+        verify_from = order.recent.first_unverified(order.expected) if probe else None
+        return self.asking.replay(
+            order.expected, order.last_payload, probe, compare, bootstrap, verify_from
+        )
 
     def _overrun(self, bootstrap: bool) -> list[Action]:
         """The hold passed `max_held`. During a bootstrap the oldest held batch goes (the
@@ -65,6 +72,11 @@ class Repair:
         actions: list[Action] = []
         self._flush_old_generation(actions)
         if not self.order.restarted(seq, payload, actions):
+            # Delivered as the new sequence's first: replay, answered by the publisher up now,
+            # must hold the same batch at seq 0, or this one came from a publisher since gone
+            # (a crash loop's: a SUB reads its connections' queues in turn, old ones too).
+            if self.has_replay:
+                actions.append(self._request(probe=True))
             return actions
         if self.has_replay:
             actions.append(self._from_start())

@@ -117,12 +117,12 @@ class Sequencer(Repair):
             return actions + self._restart(seq, payload)
         self.order.last_live = seq
         if self.order.expected is None:
-            return [*actions, self.order.deliver(seq, payload, False)]
+            return [*actions, self.order.deliver_live(seq, payload)]
         if seq < self.order.expected:
             return actions  # before the requested start, or already delivered from replay
         state = self.asking.state
         if seq == self.order.expected and not isinstance(state, Snapshotting):
-            actions.append(self.order.deliver(seq, payload, False))
+            actions.append(self.order.deliver_live(seq, payload))
             self.order.drain(actions)
             self._resync_due(actions)
             return actions
@@ -155,12 +155,13 @@ class Sequencer(Repair):
         replay nothing can be compared: the publisher is back, and its first batch tells a
         restart (seq 0 again) from a continuation."""
         compare, self._before_drop = self._before_drop, None
+        self.order.recent.doubt_all()
         expected = self.order.expected
         if self.has_replay and expected is not None:
             if isinstance(self.asking.state, Snapshotting):
                 return []  # it stands in for everything: a restart shows in it, and its epoch
             # A replay under way was asked of whoever was there before: this one replaces it.
-            return [self.asking.replay(expected, self.order.last_payload, True, compare)]
+            return [self._request(probe=True, compare=compare)]
         actions: list[Action] = []
         if self.silent:
             self._heard(actions)
@@ -171,6 +172,7 @@ class Sequencer(Repair):
         until it is heard again, without waiting for a probe to go unanswered. The last batch
         delivered is kept to compare on reconnect: a restarted publisher's next batch may come
         first and pass for ours."""
+        self.order.recent.doubt_all()
         if self.order.expected:
             self._before_drop = (self.order.expected - 1, self.order.last_payload)
         if self.silent:
@@ -201,8 +203,8 @@ class Sequencer(Repair):
                 if ours is None or payload == ours:
                     return actions  # the same stream (as far as can be told): go on from here
                 return actions + self._replaced()
-        if seq < self.order.expected:
-            return actions
+        if seq < self.order.expected:  # delivered: if ours differs, a gone publisher's was
+            return actions if self.order.recent.shows(seq, payload) else self._replaced()
         if seq > self.order.expected and self.snapshots:
             # The buffer no longer holds what we miss: a snapshot stands in for it, and the
             # rest of this replay (answering a request now given up on) is ignored.
@@ -263,6 +265,8 @@ class Sequencer(Repair):
         assert self.order.expected is not None
         if state.probe and state.compare is not None:  # nothing came back at all
             return actions + self._replaced()
+        if state.probe:
+            self.order.recent.shown_before(state.expected_at_request)
         if not self.order.missing():
             if self.order.expected == 0 and state.expected_at_request == 0 and not state.probe:
                 actions.append(Synced())
