@@ -41,7 +41,7 @@ def install_dynamo(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[test,plot]")  # plot: the --plot test draws a real chart
+    session.install("-e", ".[test,plot,serve]")  # plot: the --plot test draws a real chart
     install_dynamo(session)
     session.run("pytest", *session.posargs, env=tokenspeed_wheel(session))
     if not session.posargs:  # and the events, codec and subscriber as a machine without msgspec
@@ -76,7 +76,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[fast]", "mypy==2.4.1", "exceptiongroup", "pytest")
+    session.install("-e", ".[fast,serve]", "mypy==2.4.1", "exceptiongroup", "pytest")
     session.run("mypy", "tskv")
 
 

@@ -23,7 +23,7 @@ if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 import tskv
-from tskv._cli import demo, keys, listen, simulate
+from tskv._cli import demo, keys, listen, serve, simulate
 from tskv._cli.options import (
     endpoint,
     non_negative,
@@ -42,6 +42,7 @@ COMMANDS: dict[str, ModuleType] = {
     "demo": demo,
     "simulate": simulate,
     "keys": keys,
+    "serve": serve,
 }
 
 
@@ -236,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure tskv against the ZeroMQ ceiling and its peers (from a clone)",
         add_help=False,
     )
+
+    serve.add_parser(commands)
 
     keys = commands.add_parser("keys", help="manage CURVE key pairs")
     key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)

@@ -1,0 +1,220 @@
+"""`tskv serve` drops in for Dynamo's standalone indexer: one client, the same requests, the same
+tskv publishers, both services; the answers agree wherever Dynamo's is exact.
+
+Dynamo's indexer (`python -m dynamo.indexer`, ai-dynamo-runtime 1.6.1) runs where its wheels
+install (Linux x86-64: `nox -s tests` installs it); elsewhere the comparison is skipped and the
+tests of tskv's own service (tests/shells/test_service.py) still run.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import tskv
+from tests.zmq_helpers import LOOPBACK
+from tskv.sim import Simulator, Workload, run_round
+
+pytest.importorskip(
+    "dynamo.llm", reason="Dynamo is not installed here (pip install ai-dynamo-runtime)"
+)
+pytest.importorskip(
+    "hypercorn", reason="tskv serve's extra is not installed (pip install '.[serve]')"
+)
+
+from tskv.shells.service import ServiceSettings, serve
+
+BLOCK_SIZE = 16
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class Client:
+    """A router's client of the indexer's HTTP API, as it would be written for Dynamo's."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+
+    def call(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.base + path, data, {"content-type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                status, raw = reply.status, reply.read()
+        except urllib.error.HTTPError as error:
+            status, raw = error.code, error.read()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode()
+
+    async def __call__(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        return await trio.to_thread.run_sync(self.call, path, body)
+
+
+@asynccontextmanager
+async def dynamo(tmp_path: Path) -> AsyncIterator[Client]:
+    port = free_port()
+    with (tmp_path / "dynamo.log").open("wb") as log:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "dynamo.indexer", "--port", str(port), "--threads", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    client = Client(f"http://127.0.0.1:{port}")
+    try:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await client("/health")
+                    break
+                except OSError:
+                    await trio.sleep(0.1)  # no "ready" signal but its port answering
+        yield client
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+@asynccontextmanager
+async def tskv_service() -> AsyncIterator[Client]:
+    async with trio.open_nursery() as nursery:
+        _, bound = await nursery.start(serve, "127.0.0.1", 0, ServiceSettings())
+        yield Client(bound[0])
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_client_gets_the_same_answers_from_both(tmp_path: Path) -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, wire_format="vllm")
+    prompts: list[list[int]] = []
+    async with (
+        tskv.open_publisher(config, 0) as first,
+        tskv.open_publisher(config, 0) as second,
+        dynamo(tmp_path) as theirs,
+        tskv_service() as ours,
+    ):
+        for client in (theirs, ours):
+            for instance, publisher in ((1, first), (2, second)):
+                status, said = await client(
+                    "/register",
+                    {
+                        "instance_id": instance,
+                        "endpoint": publisher.endpoint,
+                        "replay_endpoint": publisher.replay_endpoint,
+                        "model_name": "m",
+                        "block_size": BLOCK_SIZE,
+                    },
+                )
+                assert (status, said) == (201, {"status": "ok"})
+        for publisher in (first, second):
+            with trio.fail_after(30):
+                await publisher.wait_for_subscriber(2)  # each service's subscriber
+        for seed, publisher in enumerate((first, second)):
+            sim, workload = Simulator(256, BLOCK_SIZE, medium="GPU"), Workload(seed, BLOCK_SIZE)
+            asked = workload.next_request
+
+            def recorded() -> Any:
+                request, conversation = asked()  # noqa: B023
+                prompts.append(list(request.prompt_ids))
+                return request, conversation
+
+            workload.next_request = recorded  # type: ignore[method-assign]
+            for _ in range(60):
+                events = run_round(sim, workload, 1)
+                if events:
+                    await publisher.publish(events)
+        # Neither service has a "caught up" signal over HTTP: ask until they agree, or 30 s.
+        with trio.move_on_after(30):
+            while [await theirs("/query", q) for q in queries(prompts)] != [  # noqa: ASYNC110
+                without_tskv(await ours("/query", q)) for q in queries(prompts)
+            ]:
+                await trio.sleep(0.2)
+        agreed = 0
+        asked = queries(prompts)
+        for query in asked:
+            dynamo_answer, tskv_answer = await theirs("/query", query), await ours("/query", query)
+            assert dynamo_answer == without_tskv(tskv_answer), query["token_ids"][:8]
+            agreed += bool(dynamo_answer[1]["scores"])
+        assert agreed >= len(asked) // 2  # most prompts are held somewhere: the test can fail
+        # the same refusals, with the same statuses
+        for path, body in [
+            (
+                "/register",
+                {
+                    "instance_id": 1,
+                    "endpoint": first.endpoint,
+                    "model_name": "m",
+                    "block_size": BLOCK_SIZE,
+                },
+            ),
+            (
+                "/register",
+                {"instance_id": 9, "endpoint": first.endpoint, "model_name": "m", "block_size": 32},
+            ),
+            (
+                "/register",
+                {
+                    "instance_id": "x",
+                    "endpoint": first.endpoint,
+                    "model_name": "m",
+                    "block_size": 16,
+                },
+            ),
+            ("/query", {"token_ids": [1, 2], "model_name": "nope"}),
+            ("/query", {"token_ids": "abc", "model_name": "m"}),
+            ("/query", {"token_ids": [-1], "model_name": "m"}),
+            ("/unregister", {"instance_id": 77, "model_name": "m"}),
+        ]:
+            (dynamo_status, _), (tskv_status, tskv_said) = (
+                await theirs(path, body),
+                await ours(path, body),
+            )
+            assert dynamo_status == tskv_status, (path, body, tskv_said)
+            assert isinstance(tskv_said, dict) and tskv_said["error"]
+        # the workers listed alike, and gone alike
+        (_, dynamo_workers), (_, tskv_workers) = await theirs("/workers"), await ours("/workers")
+        assert [without_tskv(w) for w in tskv_workers] == sorted(
+            dynamo_workers, key=lambda w: w["instance_id"]
+        )
+        for client in (theirs, ours):
+            assert await client("/unregister", {"instance_id": 1, "model_name": "m"}) == (
+                200,
+                {"status": "ok"},
+            )
+        (_, dynamo_workers), (_, tskv_workers) = await theirs("/workers"), await ours("/workers")
+        assert (
+            [w["instance_id"] for w in tskv_workers]
+            == [w["instance_id"] for w in dynamo_workers]
+            == [2]
+        )
+
+
+def queries(prompts: list[list[int]]) -> list[dict[str, Any]]:
+    return [{"token_ids": prompt, "model_name": "m"} for prompt in prompts[::3]]
+
+
+def without_tskv(reply: Any) -> Any:
+    """An answer as Dynamo's clients read it: what tskv adds, under `tskv`, left out."""
+    if isinstance(reply, tuple):
+        return reply[0], without_tskv(reply[1])
+    if isinstance(reply, dict):
+        return {key: value for key, value in reply.items() if key != "tskv"}
+    return reply

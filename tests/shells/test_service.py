@@ -1,0 +1,184 @@
+"""`tskv serve`'s service over real HTTP on loopback: bad input is a 4xx with one line and the
+service goes on, a token keeps out who lacks it, what tskv knows beyond Dynamo is in added
+fields, and the metrics are Prometheus' text."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import tskv
+from tests.zmq_helpers import LOOPBACK
+
+pytest.importorskip(
+    "hypercorn", reason="tskv serve's extra is not installed (pip install '.[serve]')"
+)
+
+from tskv.shells.service import ServiceSettings, serve
+
+
+def call(
+    base: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    request = urllib.request.Request(base + path, body, headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+async def ask(base: str, path: str, body: object = None, **headers: str) -> tuple[int, Any]:
+    raw = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    status, said = await trio.to_thread.run_sync(call, base, path, raw, headers)
+    try:
+        return status, json.loads(said) if said else None
+    except ValueError:
+        return status, said
+
+
+@asynccontextmanager
+async def service(**settings: Any) -> AsyncIterator[str]:
+    async with trio.open_nursery() as nursery:
+        _, bound = await nursery.start(serve, "127.0.0.1", 0, ServiceSettings(**settings))
+        yield bound[0]
+        nursery.cancel_scope.cancel()
+
+
+def registration(publisher: tskv.Publisher, instance: int = 1, **changes: Any) -> dict[str, Any]:
+    body = {
+        "instance_id": instance,
+        "endpoint": publisher.endpoint,
+        "replay_endpoint": publisher.replay_endpoint,
+        "model_name": "m",
+        "block_size": 4,
+    }
+    return {**body, **changes}
+
+
+async def test_bad_input_is_a_4xx_naming_the_problem_and_the_service_goes_on() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, service(max_body_bytes=4096) as base:
+        assert await ask(base, "/register", registration(publisher)) == (201, {"status": "ok"})
+        cases: list[tuple[str, object, int, str]] = [
+            ("/query", b"{not json", 400, "not JSON"),
+            ("/query", b"[1, 2]", 422, "must be a JSON object"),
+            ("/query", {"model_name": "m"}, 422, "token_ids must be a list"),
+            ("/query", {"token_ids": [1, 2**32], "model_name": "m"}, 422, "0 to 2**32-1"),
+            ("/query", {"token_ids": [1, True], "model_name": "m"}, 422, "0 to 2**32-1"),
+            ("/query", {"token_ids": [1], "model_name": "other"}, 404, "registered: m/default"),
+            ("/query", {"token_ids": list(range(5000)), "model_name": "m"}, 413, "over 4096"),
+            ("/register", registration(publisher, endpoint="localhost:1"), 422, "ZeroMQ"),
+            ("/register", registration(publisher, instance=-1), 422, "instance_id"),
+            ("/register", registration(publisher, block_size=0), 422, "block_size"),
+            ("/register", registration(publisher, instance=2, block_size=8), 409, "existing=4"),
+            ("/register", registration(publisher), 409, "already registered"),
+            ("/unregister", {"instance_id": 5, "model_name": "m"}, 404, "instance 5"),
+            ("/nowhere", None, 404, "no route"),
+        ]
+        for path, body, status, says in cases:
+            got, said = await ask(base, path, body)
+            assert (got, says in said["error"]) == (status, True), (path, body, said)
+            assert "\n" not in said["error"]
+        # a wrong method, and the service still answers a good query
+        status, said = await trio.to_thread.run_sync(call, base, "/register", None, {})
+        assert status == 405
+        status, said = await ask(base, "/query", {"token_ids": [1, 2, 3, 4], "model_name": "m"})
+        assert status == 200 and said["scores"] == {}
+
+
+async def test_a_service_with_a_token_answers_only_requests_that_carry_it() -> None:
+    async with service(token="s3cret-s3cret-s3cret") as base:
+        assert (await ask(base, "/workers"))[0] == 401
+        assert await ask(base, "/workers", Authorization="Bearer wrong") == (
+            401,
+            {"error": "a bearer token is required: Authorization: Bearer <token>"},
+        )
+        assert await ask(base, "/workers", Authorization="Bearer s3cret-s3cret-s3cret") == (200, [])
+
+
+async def test_what_tskv_knows_beyond_dynamo_is_in_added_fields() -> None:
+    """A worker that says another block size is named in /workers; a worker not caught up is
+    stale in /query's answer, and why."""
+    ours = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, block_size=8)
+    async with tskv.open_publisher(ours) as publisher, service() as base:
+        assert (await ask(base, "/register", registration(publisher)))[0] == 201
+        with trio.fail_after(10):
+            while True:  # the descriptor is asked for beside following: no signal over HTTP
+                _, [listed] = await ask(base, "/workers")
+                if listed["tskv"]["0"]["descriptor"] is not None:
+                    break
+                await trio.sleep(0.05)
+        figures = listed["tskv"]["0"]
+        assert figures["mismatch"] == "its block size is 8, the index's is 4"
+        assert figures["descriptor"]["epoch"] == publisher.epoch
+        unreachable = {"instance_id": 3, "endpoint": "tcp://127.0.0.1:1", "model_name": "m"}
+        assert (await ask(base, "/register", {**unreachable, "block_size": 4}))[0] == 201
+        _, answered = await ask(base, "/query", {"token_ids": [1, 2, 3, 4], "model_name": "m"})
+    assert answered["tskv"]["stale"]["3:0"] == "not caught up yet"
+    assert answered["tskv"]["block_size"] == 4
+
+
+async def test_metrics_are_prometheus_text_with_tskv_names() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, service() as base:
+        await ask(base, "/register", registration(publisher))
+        await ask(base, "/query", {"token_ids": [1, 2, 3, 4], "model_name": "m"})
+        await ask(base, "/query", {"token_ids": "x", "model_name": "m"})
+        status, text = await trio.to_thread.run_sync(call, base, "/metrics", None, {})
+    lines = text.decode().splitlines()
+    assert status == 200
+    assert 'tskv_http_requests_total{route="/query",status="200"} 1.0' in lines
+    assert 'tskv_http_requests_total{route="/query",status="422"} 1.0' in lines
+    assert "tskv_query_duration_seconds_count 1.0" in lines
+    assert any(
+        line.startswith('tskv_worker_stale{model="m",routing_group="default",worker="1:0"}')
+        for line in lines
+    )
+
+
+def test_serve_refuses_to_listen_beyond_this_machine_without_a_token(tmp_path: Path) -> None:
+    """Checked before anything is bound: the address is a documentation one, never reached."""
+    args = [sys.executable, "-m", "tskv", "serve", "--host", "192.0.2.10", "--port", "0"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--token-file" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    short = tmp_path / "token"
+    short.write_text("short")
+    done = subprocess.run([*args, "--token-file", str(short)], capture_output=True, text=True)
+    assert done.returncode == 2 and "16 characters" in done.stderr
+
+
+async def test_serve_follows_the_workers_it_is_given_and_ends_on_ctrl_c() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher:
+        process = await trio.lowlevel.open_process(
+            [
+                *[sys.executable, "-m", "tskv", "serve", "--port", "0", "--block-size", "4"],
+                *["--workers", f"7={publisher.endpoint}", "--model-name", "m"],
+            ],
+            stderr=subprocess.PIPE,
+        )
+        assert process.stderr is not None
+        with trio.fail_after(30):
+            said = b""
+            while b"listening on" not in said:
+                said += await process.stderr.receive_some()
+        base = said.decode().split("listening on ")[1].split()[0].rstrip(",")
+        _, listed = await ask(base, "/workers")
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            await process.wait()
+    assert [(w["instance_id"], w["model_name"], w["block_size"]) for w in listed] == [(7, "m", 4)]
+    assert process.returncode == 0

@@ -1,0 +1,302 @@
+"""The decisions of `tskv serve`, without I/O: what a request means, which index it goes to,
+and what an answer holds.
+
+The contract is Dynamo's standalone KV indexer (`python -m dynamo.indexer`, ai-dynamo-runtime
+1.6.1, after Mooncake's KV Indexer RFC): the same routes, the same request fields and the same
+answers, checked by driving both with one client (tests/interop/test_service_dropin.py). One
+index per (model_name, routing_group), as Dynamo keeps them; the first registration sets its
+block size. What tskv knows beyond Dynamo goes in added fields (`tskv` in an answer), never in
+changed ones. The HTTP shell decodes the JSON and hands the values here; every problem is an
+`ApiError` carrying its status and one line naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from tskv.core.endpoints import check_endpoint
+from tskv.core.errors import TskvError
+from tskv.core.prefix_index import Match, PrefixIndex
+
+DEFAULT_GROUP = "default"  # Dynamo's routing group when a request names none
+MAX_U64 = 2**64 - 1
+MAX_TOKEN = 2**32 - 1  # Dynamo reads token ids as u32
+MAX_QUERY_TOKENS = 1 << 20  # a longer prompt is refused (413): no model takes one
+WorkerKey = tuple[int, int]  # (instance_id, dp_rank): a worker in the index
+IndexKey = tuple[str, str]  # (model_name, routing_group)
+
+
+class ApiError(TskvError, ValueError):
+    """A request the service refuses: `status` is the HTTP status, the message one line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _field(
+    data: Mapping[str, Any], name: str, kind: type, default: Any = ..., *, low: int = 0
+) -> Any:
+    """`data[name]` of `kind` (an int in [low, 2**64)), or `default` when absent or null."""
+    value = data.get(name)
+    if value is None:
+        if default is ...:
+            raise ApiError(422, f"missing field {name!r}")
+        return default
+    if kind is int:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_U64:
+            raise ApiError(
+                422, f"{name} must be an integer from {low} to 2**64-1, got {value!r:.40}"
+            )
+    elif not isinstance(value, kind):
+        raise ApiError(422, f"{name} must be a {kind.__name__}, got {value!r:.40}")
+    return value
+
+
+def _object(data: object) -> Mapping[str, Any]:
+    if not isinstance(data, dict):
+        raise ApiError(422, f"the body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _endpoint(data: Mapping[str, Any], name: str, optional: bool) -> str | None:
+    value = _field(data, name, str, None if optional else ...)
+    if value is not None:
+        try:
+            check_endpoint(value)
+        except ValueError as exc:
+            raise ApiError(422, f"{name}: {exc}") from None
+    return value  # type: ignore[no-any-return]
+
+
+@attrs.frozen
+class Registration:
+    """`POST /register`: follow this worker's stream (and replay) in its model's index."""
+
+    instance_id: int
+    dp_rank: int
+    endpoint: str
+    replay_endpoint: str | None
+    model_name: str
+    routing_group: str
+    block_size: int
+    tenant_id: str | None  # accepted as Dynamo accepts it; it does not divide indexes there either
+
+    @property
+    def worker(self) -> WorkerKey:
+        return self.instance_id, self.dp_rank
+
+    @property
+    def index(self) -> IndexKey:
+        return self.model_name, self.routing_group
+
+    @classmethod
+    def parse(cls, body: object) -> Registration:
+        data = _object(body)
+        endpoint = _endpoint(data, "endpoint", optional=False)
+        assert endpoint is not None
+        return cls(
+            instance_id=_field(data, "instance_id", int),
+            dp_rank=_field(data, "dp_rank", int, 0),
+            endpoint=endpoint,
+            replay_endpoint=_endpoint(data, "replay_endpoint", optional=True),
+            model_name=_field(data, "model_name", str),
+            routing_group=_field(data, "routing_group", str, DEFAULT_GROUP),
+            block_size=_field(data, "block_size", int, low=1),
+            tenant_id=_field(data, "tenant_id", str, None),
+        )
+
+
+@attrs.frozen
+class Unregistration:
+    """`POST /unregister`: one rank of an instance, or all of them (no `dp_rank`)."""
+
+    instance_id: int
+    model_name: str
+    routing_group: str
+    dp_rank: int | None
+
+    @classmethod
+    def parse(cls, body: object) -> Unregistration:
+        data = _object(body)
+        return cls(
+            instance_id=_field(data, "instance_id", int),
+            model_name=_field(data, "model_name", str),
+            routing_group=_field(data, "routing_group", str, DEFAULT_GROUP),
+            dp_rank=_field(data, "dp_rank", int, None),
+        )
+
+
+@attrs.frozen
+class Query:
+    """`POST /query`: which workers hold how much of this prompt's prefix."""
+
+    token_ids: list[int]
+    model_name: str
+    routing_group: str
+    lora_name: str | None
+
+    @property
+    def index(self) -> IndexKey:
+        return self.model_name, self.routing_group
+
+    @classmethod
+    def parse(cls, body: object) -> Query:
+        data = _object(body)
+        tokens = data.get("token_ids")
+        if not isinstance(tokens, list):
+            raise ApiError(422, f"token_ids must be a list of token ids, got {tokens!r:.40}")
+        if len(tokens) > MAX_QUERY_TOKENS:
+            raise ApiError(413, f"{len(tokens)} token ids: at most {MAX_QUERY_TOKENS} a query")
+        for token in tokens:
+            if type(token) is not int or not 0 <= token <= MAX_TOKEN:
+                raise ApiError(
+                    422, f"token_ids must be integers from 0 to 2**32-1, got {token!r:.40}"
+                )
+        return cls(
+            tokens,
+            _field(data, "model_name", str),
+            _field(data, "routing_group", str, DEFAULT_GROUP),
+            _field(data, "lora_name", str, None),
+        )
+
+
+@attrs.define
+class ModelIndex:
+    """One (model, routing group): its index, its block size, and the workers registered."""
+
+    key: IndexKey
+    index: PrefixIndex
+    workers: dict[WorkerKey, Registration] = attrs.Factory(dict)
+
+    @property
+    def block_size(self) -> int:
+        return self.index.block_size
+
+
+class Registry:
+    """Every index the service keeps and who is registered in each: what a registration,
+    an unregistration or a query means, decided here; following the streams is the shell's."""
+
+    def __init__(self) -> None:
+        self.indexes: dict[IndexKey, ModelIndex] = {}
+
+    def register(self, registration: Registration) -> tuple[ModelIndex, bool]:
+        """The index the worker goes in, and whether it is new (its watcher starts). Refused
+        (409) for a worker already registered there, or a block size other than the index's."""
+        known = self.indexes.get(registration.index)
+        if known is None:
+            model = ModelIndex(registration.index, PrefixIndex(registration.block_size))
+        else:
+            model = known
+            if registration.block_size != model.block_size:
+                raise ApiError(
+                    409,
+                    f"block_size mismatch for model={registration.model_name} routing_group="
+                    f"{registration.routing_group}: existing={model.block_size}, requested="
+                    f"{registration.block_size}",
+                )
+            if registration.worker in model.workers:
+                raise ApiError(
+                    409,
+                    f"instance {registration.instance_id} dp_rank {registration.dp_rank} already "
+                    "registered",
+                )
+        model.workers[registration.worker] = registration
+        self.indexes[registration.index] = model
+        return model, known is None
+
+    def unregister(self, request: Unregistration) -> tuple[ModelIndex, list[WorkerKey]]:
+        """The workers to stop following (404 when none is registered)."""
+        model = self.indexes.get((request.model_name, request.routing_group))
+        gone = [
+            worker
+            for worker in ([] if model is None else model.workers)
+            if worker[0] == request.instance_id
+            and (request.dp_rank is None or worker[1] == request.dp_rank)
+        ]
+        if model is None or not gone:
+            raise ApiError(404, f"instance {request.instance_id} not found")
+        for worker in gone:
+            del model.workers[worker]
+        return model, gone
+
+    def model(self, key: IndexKey) -> ModelIndex:
+        known = self.indexes.get(key)
+        if known is None:
+            names = ", ".join(f"{m}/{g}" for m, g in sorted(self.indexes)) or "none yet"
+            raise ApiError(
+                404,
+                f"no indexer for model={key[0]} routing_group={key[1]} (registered: {names})",
+            )
+        return known
+
+
+def _key(worker: object) -> WorkerKey:
+    """A worker of the service's indexes: each one it registers is an (instance, rank)."""
+    assert isinstance(worker, tuple) and len(worker) == 2
+    return worker[0], worker[1]
+
+
+def answer(match: Match, block_size: int, stale_reasons: Mapping[WorkerKey, str]) -> dict[str, Any]:
+    """`/query`'s answer: Dynamo's `scores` (matched tokens by instance, then dp rank) and
+    `instances` (by tier: `gpu` on the device; `cpu` and `disk` counting the lower tiers too,
+    as Dynamo's do), and in `tskv` what Dynamo cannot say: which workers' views are stale, and
+    why."""
+    scores: dict[str, dict[str, int]] = {}
+    instances: dict[str, dict[str, Any]] = {}
+    for worker, blocks in match.items():
+        instance, rank = _key(worker)
+        tokens = blocks * block_size
+        device = match.on_device(worker) * block_size
+        scores.setdefault(str(instance), {})[str(rank)] = tokens
+        held = instances.setdefault(
+            str(instance), {"longest_matched": 0, "gpu": 0, "dp": {}, "cpu": 0, "disk": 0}
+        )
+        held["dp"][str(rank)] = tokens
+        held["longest_matched"] = max(held["longest_matched"], tokens)
+        held["gpu"] = max(held["gpu"], device)
+        held["cpu"] = held["disk"] = held["longest_matched"]
+    stale = {}
+    for worker in match.stale:
+        instance, rank = _key(worker)
+        stale[f"{instance}:{rank}"] = stale_reasons.get((instance, rank), "its view is incomplete")
+    return {
+        "scores": scores,
+        "frequencies": [],
+        "instances": instances,
+        "tskv": {"block_size": block_size, "stale": stale},
+    }
+
+
+def listing(
+    models: Iterable[ModelIndex], extra: Mapping[WorkerKey, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`/workers`: one entry per instance and index, as Dynamo lists them, with `tskv`'s
+    per-rank figures (stale, why, the publisher's descriptor) added."""
+    listed: list[dict[str, Any]] = []
+    for model in models:
+        by_instance: dict[int, dict[str, Any]] = {}
+        for (instance, rank), registration in model.workers.items():
+            entry = by_instance.setdefault(
+                instance,
+                {
+                    "instance_id": instance,
+                    "source": "zmq",
+                    "status": "active",
+                    "model_name": model.key[0],
+                    "routing_group": model.key[1],
+                    "block_size": model.block_size,
+                    "endpoints": {},
+                    "listeners": {},
+                    "tskv": {},
+                },
+            )
+            entry["endpoints"][str(rank)] = registration.endpoint
+            entry["listeners"][str(rank)] = {"endpoint": registration.endpoint, "status": "active"}
+            entry["tskv"][str(rank)] = extra.get((instance, rank), {})
+        listed.extend(by_instance.values())
+    return listed

@@ -1,0 +1,280 @@
+"""`tskv serve`'s shell: an ASGI app that parses, calls the watchers and the indexes, and encodes.
+
+What a request means is `tskv.core.indexer_api`'s to decide; this module moves bytes: it reads
+a body (at most `max_body_bytes`), decodes its JSON with msgspec, hands the values to the
+`Registry`, keeps one `open_watcher` per (model, routing group) index running in its nursery,
+and encodes the answer. It runs under hypercorn's Trio worker (`serve`), so the watchers, the
+subscribers and the HTTP connections share one Trio loop. Needs the `serve` extra.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import msgspec
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from tskv.core.descriptor import Descriptor
+from tskv.core.errors import ConfigError
+from tskv.core.indexer_api import (
+    ApiError,
+    ModelIndex,
+    Query,
+    Registration,
+    Registry,
+    Unregistration,
+    WorkerKey,
+    answer,
+    listing,
+)
+from tskv.shells.service_metrics import ServiceMetrics
+from tskv.shells.watcher import Watcher, open_watcher
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 << 20  # a 1M-token prompt is ~8 MB of JSON
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Reply = tuple[int, Any]  # status, and what to encode as JSON (None: an empty body)
+
+
+@attrs.frozen
+class ServiceSettings:
+    """What `tskv serve` takes besides where it listens."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    token: str | None = None  # a bearer token every request must carry; None: none needed
+    subscriber_settings: dict[str, Any] = attrs.Factory(dict)  # for every worker's subscriber
+
+
+class IndexerService:
+    """The registry and a running watcher for each of its indexes."""
+
+    def __init__(self, nursery: trio.Nursery, settings: ServiceSettings) -> None:
+        self.registry = Registry()
+        self.settings = settings
+        self.metrics = ServiceMetrics(self.watchers)
+        self._nursery = nursery
+        self._watchers: dict[tuple[str, str], Watcher] = {}
+        self._changing = trio.Lock()  # one registration at a time: an index's watcher starts once
+
+    async def register(self, body: object) -> Reply:
+        registration = Registration.parse(body)
+        async with self._changing:
+            model, new = self.registry.register(registration)
+            try:
+                watcher = self._watchers.get(model.key)
+                if watcher is None:
+                    watcher = await self._nursery.start(self._watch, model)
+                    self._watchers[model.key] = watcher
+                watcher.add(
+                    registration.worker,
+                    registration.endpoint,
+                    registration.replay_endpoint,
+                )
+            except ConfigError as exc:
+                del model.workers[registration.worker]
+                if new and not model.workers:
+                    del self.registry.indexes[model.key]
+                raise ApiError(422, str(exc)) from None
+        logger.info("registered %s in %s/%s", registration.worker, *model.key)
+        return 201, {"status": "ok"}
+
+    async def unregister(self, body: object) -> Reply:
+        request = Unregistration.parse(body)
+        async with self._changing:
+            model, gone = self.registry.unregister(request)
+            watcher = self._watchers[model.key]
+            for worker in gone:
+                watcher.remove(worker)
+        return 200, {"status": "ok"}
+
+    def query(self, body: object) -> Reply:
+        query = Query.parse(body)
+        model = self.registry.model(query.index)
+        began = time.perf_counter()
+        match = model.index.match(query.token_ids)
+        self.metrics.queried(time.perf_counter() - began)
+        return 200, answer(match, model.block_size, self.stale_reasons(model))
+
+    def workers(self) -> Reply:
+        extra = {
+            worker: self.worker_figures(model, worker)
+            for model in self.registry.indexes.values()
+            for worker in model.workers
+        }
+        return 200, listing(self.registry.indexes.values(), extra)
+
+    def stale_reasons(self, model: ModelIndex) -> dict[WorkerKey, str]:
+        watcher = self._watchers.get(model.key)
+        if watcher is None:
+            return {}
+        reasons = {}
+        for worker in model.index.stale:
+            if worker in model.workers:
+                status = watcher.status(worker)
+                if status.mismatch is not None:
+                    reasons[worker] = status.mismatch
+                elif status.silent:
+                    reasons[worker] = "its publisher is silent"
+                elif status.batches == 0:
+                    reasons[worker] = "not caught up yet"
+        return reasons
+
+    def worker_figures(self, model: ModelIndex, worker: WorkerKey) -> dict[str, Any]:
+        watcher = self._watchers.get(model.key)
+        if watcher is None or worker not in model.workers:
+            return {}
+        status = watcher.status(worker)
+        said: Descriptor | None = status.descriptor
+        return {
+            "stale": status.stale,
+            "silent": status.silent,
+            "batches": status.batches,
+            "losses": status.losses,
+            "last_seq": status.last_seq,
+            "mismatch": status.mismatch,
+            "descriptor": None if said is None else said.summary(),
+        }
+
+    def watchers(self) -> list[tuple[ModelIndex, Watcher]]:
+        return [(self.registry.indexes[key], w) for key, w in self._watchers.items()]
+
+    async def _watch(
+        self, model: ModelIndex, task_status: trio.TaskStatus[Watcher] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with open_watcher(model.index, **self.settings.subscriber_settings) as watcher:
+            task_status.started(watcher)
+            await trio.sleep_forever()
+
+
+class IndexerApp:
+    """The ASGI application: Dynamo's indexer routes, `/metrics` and `/health`."""
+
+    def __init__(self, service: IndexerService) -> None:
+        self.service = service
+        self._routes: dict[str, tuple[str, Callable[[object], Awaitable[Reply]]]] = {
+            "/register": ("POST", service.register),
+            "/unregister": ("POST", service.unregister),
+            "/query": ("POST", self._sync(service.query)),
+            "/workers": ("GET", self._sync(lambda _: service.workers())),
+            "/health": ("GET", self._sync(lambda _: (200, None))),
+        }
+
+    @staticmethod
+    def _sync(handler: Callable[[object], Reply]) -> Callable[[object], Awaitable[Reply]]:
+        async def run(body: object) -> Reply:
+            return handler(body)
+
+        return run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        try:
+            self._authorize(scope)
+            if path == "/metrics" and method == "GET":
+                body, kind = self.service.metrics.exposition()
+                await _respond(send, 200, body, kind)
+                return
+            route = self._routes.get(path)
+            if route is None:
+                raise ApiError(404, f"no route {path}; see /openapi.json")
+            if method != route[0]:
+                raise ApiError(405, f"{path} takes {route[0]}, not {method}")
+            data = await _json_body(receive, self.service.settings.max_body_bytes)
+            status, payload = await route[1](data)
+        except ApiError as exc:
+            status, payload = exc.status, {"error": str(exc)}
+        self.service.metrics.served(path, status)
+        body = b"" if payload is None else msgspec.json.encode(payload)
+        await _respond(send, status, body, b"application/json")
+
+    def _authorize(self, scope: Scope) -> None:
+        token = self.service.settings.token
+        if token is None:
+            return
+        for name, value in scope["headers"]:
+            if name == b"authorization" and hmac.compare_digest(value, f"Bearer {token}".encode()):
+                return
+        raise ApiError(401, "a bearer token is required: Authorization: Bearer <token>")
+
+
+async def _json_body(receive: Receive, limit: int) -> object:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "the client left before its request was whole")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the body is over {limit} bytes (--max-body-bytes)")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    if not body:
+        return None
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"the body is not JSON: {exc}") from None
+
+
+async def _respond(send: Send, status: int, body: bytes, kind: bytes) -> None:
+    headers = [(b"content-length", str(len(body)).encode())]
+    if body:
+        headers.append((b"content-type", kind))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def serve(
+    host: str,
+    port: int,
+    settings: ServiceSettings,
+    *,
+    task_status: trio.TaskStatus[tuple[IndexerService, list[str]]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the service on `host:port` until cancelled; `task_status` gets the service and the
+    addresses it listens on (port 0: the one the OS picked)."""
+    config = HypercornConfig()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logger
+    async with trio.open_nursery() as nursery:
+        service = IndexerService(nursery, settings)
+        app = IndexerApp(service)
+        bound: list[str] = await nursery.start(_serve_app, app, config)
+        task_status.started((service, bound))
+
+
+async def _serve_app(
+    app: IndexerApp,
+    config: HypercornConfig,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await hypercorn_serve(app, config, task_status=task_status, mode="asgi")  # type: ignore[arg-type]
