@@ -83,7 +83,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """The manual and the API reference, built as a reader gets them: any warning fails."""
-    session.install("-e", ".[docs]")
+    session.install("-e", ".[docs,serve]")  # the service's module is in the reference
     out = Path(session.create_tmp()) / "html"
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", str(out))
     session.log(f"built: {out / 'index.html'}")

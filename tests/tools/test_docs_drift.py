@@ -139,6 +139,10 @@ def test_no_page_carries_run_history(page: str) -> None:
 
 def test_the_api_reference_has_every_public_name() -> None:
     reference = (ROOT / "docs" / "api.rst").read_text()
-    documented = set(re.findall(r"^\.\. (?:auto\w+|py:data):: (\w+)", reference, re.MULTILINE))
+    # names of `tskv` itself; a dotted one is another module's (the service's), which Sphinx
+    # imports or fails the docs build
+    documented = set(
+        re.findall(r"^\.\. (?:auto\w+|py:data):: (\w+)(?:\(\))?\s*$", reference, re.MULTILINE)
+    )
     assert sorted(set(tskv.__all__) - documented) == []
     assert sorted(documented - set(tskv.__all__)) == []
