@@ -182,3 +182,85 @@ async def test_serve_follows_the_workers_it_is_given_and_ends_on_ctrl_c() -> Non
             await process.wait()
     assert [(w["instance_id"], w["model_name"], w["block_size"]) for w in listed] == [(7, "m", 4)]
     assert process.returncode == 0
+
+
+async def caught_up(base: str, count: int) -> None:
+    """Until `count` workers are current (a caught-up signal over HTTP is all a client has)."""
+    with trio.fail_after(20):
+        while True:
+            _, listed = await ask(base, "/workers")
+            current = [r for w in listed for r in w["tskv"].values() if r and not r["stale"]]
+            if len(current) == count:
+                return
+            await trio.sleep(0.05)
+
+
+async def test_select_chooses_as_the_load_aware_policy_does_and_says_why() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    prompt = list(range(16))
+    async with (
+        tskv.open_publisher(config) as holder,
+        tskv.open_publisher(config) as idle,
+        service() as base,
+    ):
+        await holder.publish([tskv.BlockStored([1, 2, 3], None, prompt[:12], 4)])
+        for instance, publisher in ((1, holder), (2, idle)):
+            assert (await ask(base, "/register", registration(publisher, instance)))[0] == 201
+        await caught_up(base, 2)
+        query = {"token_ids": prompt, "model_name": "m"}
+        status, chosen = await ask(base, "/select", query)
+        assert status == 200 and (chosen["instance_id"], chosen["cached_tokens"]) == (1, 12)
+        assert chosen["cost"] == 4.0  # 16 prompt tokens, 12 held on the device
+        by_instance = {c["instance_id"]: c for c in chosen["candidates"]}
+        assert by_instance[2] == {
+            "instance_id": 2,
+            "dp_rank": 0,
+            "cached_tokens": 0,
+            "lower_tier_tokens": 0,
+            "queued_tokens": 0.0,
+            "cost": 16.0,
+        }
+        busy = {**query, "loads": [{"instance_id": 1, "queued_tokens": 100}]}
+        status, chosen = await ask(base, "/select", busy)
+        assert (status, chosen["instance_id"], chosen["cost"]) == (200, 2, 16.0)
+        bad = {**query, "loads": [{"instance_id": 1, "queued_tokens": -1}]}
+        assert (await ask(base, "/select", bad))[0] == 422
+
+
+async def test_workers_registered_over_http_are_followed_again_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL, then the same command: the workers registered over HTTP are listed and current
+    again, from their snapshots, with nothing registered anew."""
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    command = [sys.executable, "-m", "tskv", "serve", "--port", "0", "--state-dir", str(tmp_path)]
+    async with tskv.open_publisher(config) as first, tskv.open_publisher(config) as second:
+        await first.publish([tskv.BlockStored([1], None, [5, 6, 7, 8], 4)])
+        async with running(command) as base:
+            for instance, publisher in ((1, first), (2, second)):
+                assert (await ask(base, "/register", registration(publisher, instance)))[0] == 201
+            await caught_up(base, 2)
+        async with running(command) as base:  # `running` ended the first with SIGKILL
+            await caught_up(base, 2)
+            _, listed = await ask(base, "/workers")
+            _, answered = await ask(base, "/query", {"token_ids": [5, 6, 7, 8], "model_name": "m"})
+    assert [w["instance_id"] for w in listed] == [1, 2]
+    assert answered["scores"] == {"1": {"0": 4}}
+    saved = json.loads((tmp_path / "registrations.json").read_text())
+    assert [r["instance_id"] for r in saved["registrations"]] == [1, 2]
+
+
+@asynccontextmanager
+async def running(command: list[str]) -> AsyncIterator[str]:
+    """`tskv serve` as a process, until the block ends: then killed with SIGKILL."""
+    process = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    try:
+        with trio.fail_after(30):
+            said = b""
+            while b"listening on" not in said:
+                said += await process.stderr.receive_some()
+        yield said.decode().split("listening on ")[1].split()[0].rstrip(",")
+    finally:
+        process.kill()
+        await process.wait()

@@ -13,10 +13,14 @@ import ipaddress
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from tskv.core.indexer_api import DEFAULT_GROUP, ApiError
+
+if TYPE_CHECKING:
+    from tskv.shells.service import IndexerService
 
 ENDS_WITH_CTRL_C = True  # it runs until stopped: Ctrl-C is its normal end
 logger = logging.getLogger(__name__)
@@ -56,6 +60,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--insecure",
         action="store_true",
         help="listen on a non-loopback address without a token (not advised)",
+    )
+    serve.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep the workers registered over HTTP here, to follow them again after a restart",
     )
     serve.add_argument(
         "--max-body-bytes",
@@ -108,6 +117,14 @@ def _token(args: argparse.Namespace) -> str | None:
     return token
 
 
+def _kept(service: IndexerService, given: dict[str, object]) -> bool:
+    """Whether the service already follows this --workers registration, as it was given."""
+    model = service.registry.indexes.get((str(given["model_name"]), str(given["routing_group"])))
+    key = (given["instance_id"], given["dp_rank"])
+    registered = None if model is None else model.workers.get(key)  # type: ignore[arg-type]
+    return registered is not None and registered.endpoint == given["endpoint"]
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -125,13 +142,18 @@ async def main(args: argparse.Namespace) -> int:
         ) from None
     token = _token(args)
     workers = initial_workers(args)
-    settings = ServiceSettings(max_body_bytes=args.max_body_bytes, token=token)
+    if args.state_dir is not None and not args.state_dir.is_dir():
+        raise ValueError(f"--state-dir {args.state_dir} is not a directory: create it first")
+    settings = ServiceSettings(
+        max_body_bytes=args.max_body_bytes, token=token, state_dir=args.state_dir
+    )
     async with trio.open_nursery() as nursery:
         service, bound = await nursery.start(serve, args.host, args.port, settings)
         for registration in workers:
             try:
                 await service.register(registration)
             except ApiError as exc:
-                raise ValueError(f"--workers: {exc}") from None
+                if not _kept(service, registration):  # else restored from --state-dir already
+                    raise ValueError(f"--workers: {exc}") from None
         print(f"tskv serve: listening on {', '.join(bound)}", file=sys.stderr, flush=True)
     return 0

@@ -20,6 +20,7 @@ import attrs
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import TskvError
 from tskv.core.prefix_index import Match, PrefixIndex
+from tskv.core.routing import LoadAwarePolicy
 
 DEFAULT_GROUP = "default"  # Dynamo's routing group when a request names none
 MAX_U64 = 2**64 - 1
@@ -164,6 +165,31 @@ class Query:
         )
 
 
+@attrs.frozen
+class Selection:
+    """`POST /select`: a query, and the caller's view of each worker's load (tokens queued);
+    a worker left out is idle."""
+
+    query: Query
+    loads: dict[WorkerKey, float]
+
+    @classmethod
+    def parse(cls, body: object) -> Selection:
+        query = Query.parse(body)
+        given = _object(body).get("loads") or []
+        if not isinstance(given, list):
+            raise ApiError(422, f"loads must be a list of worker loads, got {given!r:.40}")
+        loads: dict[WorkerKey, float] = {}
+        for load in given:
+            entry = _object(load)
+            queued = entry.get("queued_tokens")
+            if isinstance(queued, bool) or not isinstance(queued, (int, float)) or queued < 0:
+                raise ApiError(422, f"queued_tokens must be a number >= 0, got {queued!r:.40}")
+            worker = (_field(entry, "instance_id", int), _field(entry, "dp_rank", int, 0))
+            loads[worker] = float(queued)
+        return cls(query, loads)
+
+
 @attrs.define
 class ModelIndex:
     """One (model, routing group): its index, its block size, and the workers registered."""
@@ -177,12 +203,32 @@ class ModelIndex:
         return self.index.block_size
 
 
+STATE_VERSION = 1  # of the registrations file a service keeps across restarts
+
+
 class Registry:
     """Every index the service keeps and who is registered in each: what a registration,
     an unregistration or a query means, decided here; following the streams is the shell's."""
 
     def __init__(self) -> None:
         self.indexes: dict[IndexKey, ModelIndex] = {}
+
+    def state(self) -> dict[str, Any]:
+        """What a restarted service needs to follow the same workers: every registration."""
+        registrations = [
+            attrs.asdict(registration)
+            for model in self.indexes.values()
+            for registration in model.workers.values()
+        ]
+        return {"version": STATE_VERSION, "registrations": registrations}
+
+    @staticmethod
+    def saved(state: object) -> list[Registration]:
+        """The registrations a state holds, each checked as `/register` checks it."""
+        data = _object(state)
+        if data.get("version") != STATE_VERSION or not isinstance(data.get("registrations"), list):
+            raise ApiError(422, f"not a tskv serve state of version {STATE_VERSION}")
+        return [Registration.parse(entry) for entry in data["registrations"]]
 
     def register(self, registration: Registration) -> tuple[ModelIndex, bool]:
         """The index the worker goes in, and whether it is new (its watcher starts). Refused
@@ -300,3 +346,39 @@ def listing(
             entry["tskv"][str(rank)] = extra.get((instance, rank), {})
         listed.extend(by_instance.values())
     return listed
+
+
+def selected(
+    match: Match, model: ModelIndex, policy: LoadAwarePolicy, selection: Selection
+) -> dict[str, Any]:
+    """`/select`'s answer: the worker `policy` picks among those registered (the trusted ones,
+    if any is), and each candidate's reasons: tokens held (and of those, in a lower tier only),
+    tokens queued, cost."""
+    prompt = len(selection.query.token_ids)
+    if not model.workers:
+        raise ApiError(404, f"no worker registered for model={model.key[0]}")
+    loads: dict[Any, float] = dict(selection.loads)
+    costs = policy.costs(match, prompt, loads, list(model.workers))
+    choice = policy.choose(match, prompt, loads, list(model.workers))
+    instance, rank = _key(choice.worker)
+    reasons = []
+    for cost in costs:
+        worker = _key(cost.worker)
+        reasons.append(
+            {
+                "instance_id": worker[0],
+                "dp_rank": worker[1],
+                "cached_tokens": cost.cached,
+                "lower_tier_tokens": cost.lower,
+                "queued_tokens": cost.queued,
+                "cost": cost.cost,
+            }
+        )
+    return {
+        "instance_id": instance,
+        "dp_rank": rank,
+        "cached_tokens": choice.cached_tokens,
+        "cost": choice.cost,
+        "candidates": reasons,
+        "stale": ["{}:{}".format(*_key(worker)) for worker in sorted(match.stale, key=str)],
+    }

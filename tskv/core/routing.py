@@ -37,6 +37,18 @@ class Choice:
     cost: float  # what the policy minimised (LoadAwarePolicy: see there); 0 for the baselines
 
 
+@attrs.frozen
+class Cost:
+    """One candidate's reckoning under `LoadAwarePolicy`: the prompt tokens it holds (`cached`,
+    of which `lower` only in a lower tier), the tokens queued on it, and the cost."""
+
+    worker: Worker
+    cached: int
+    lower: int
+    queued: float
+    cost: float
+
+
 class Policy(Protocol):
     """What a routing policy is: anything with this `choose`."""
 
@@ -132,19 +144,29 @@ class LoadAwarePolicy:
         """The cheapest worker (`Policy.choose`). Ties go to the least loaded, then to the
         first in `candidates`' order. Raises TskvValueError when there is no worker to choose
         from, TskvTypeError for arguments of the wrong kind (each naming the fix)."""
+        costs = self.costs(match, prompt_tokens, queued, workers)
+        best = min(costs, key=lambda c: (c.cost, c.queued))  # min keeps the first of equals
+        return Choice(best.worker, best.cached, best.cost)
+
+    def costs(
+        self,
+        match: Match,
+        prompt_tokens: int,
+        queued: Queued | None = None,
+        workers: Iterable[Worker] | None = None,
+    ) -> list[Cost]:
+        """What each candidate would cost, in `candidates`' order: the reasons behind
+        `choose` (a service that chooses for a gateway shows them)."""
         block_size, queued = _checked(match, prompt_tokens, queued)
-        best: tuple[float, float, int, Worker, int] | None = None
-        for order, worker in enumerate(candidates(match, workers)):
+        costs = []
+        for worker in candidates(match, workers):
             cached = _cached(match, worker, prompt_tokens, block_size)
             lower = min(match.lower.get(worker, 0) * block_size, cached)
             load = queued.get(worker, 0.0)
             prefill = prompt_tokens - cached + self.lower_tier_cost * lower
             cost = self.prefill_weight * prefill + self.load_weight * load
-            if best is None or (cost, load, order) < best[:3]:
-                best = (cost, load, order, worker, cached)
-        assert best is not None
-        cost, _, _, worker, cached = best
-        return Choice(worker, cached, cost)
+            costs.append(Cost(worker, cached, lower, load, cost))
+        return costs
 
 
 @attrs.frozen

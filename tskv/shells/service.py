@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -29,11 +31,14 @@ from tskv.core.indexer_api import (
     Query,
     Registration,
     Registry,
+    Selection,
     Unregistration,
     WorkerKey,
     answer,
     listing,
+    selected,
 )
+from tskv.core.routing import LoadAwarePolicy
 from tskv.shells.service_metrics import ServiceMetrics
 from tskv.shells.watcher import Watcher, open_watcher
 
@@ -53,6 +58,8 @@ class ServiceSettings:
     max_body_bytes: int = MAX_BODY_BYTES
     token: str | None = None  # a bearer token every request must carry; None: none needed
     subscriber_settings: dict[str, Any] = attrs.Factory(dict)  # for every worker's subscriber
+    policy: LoadAwarePolicy = attrs.Factory(LoadAwarePolicy)  # how /select chooses
+    state_dir: Path | None = None  # where the registrations are kept across restarts
 
 
 class IndexerService:
@@ -66,8 +73,25 @@ class IndexerService:
         self._watchers: dict[tuple[str, str], Watcher] = {}
         self._changing = trio.Lock()  # one registration at a time: an index's watcher starts once
 
+    async def restore(self) -> int:
+        """Register again what the state directory holds (a restart); returns how many."""
+        path = self._state_path()
+        if path is None or not path.exists():
+            return 0
+        text = await trio.to_thread.run_sync(path.read_bytes)
+        try:
+            saved = Registry.saved(msgspec.json.decode(text))
+        except (msgspec.DecodeError, ApiError) as exc:
+            raise ConfigError(f"{path} is not a state tskv serve wrote ({exc}): move it") from None
+        for registration in saved:
+            await self._add(registration, save=False)
+        return len(saved)
+
     async def register(self, body: object) -> Reply:
-        registration = Registration.parse(body)
+        await self._add(Registration.parse(body), save=True)
+        return 201, {"status": "ok"}
+
+    async def _add(self, registration: Registration, save: bool) -> None:
         async with self._changing:
             model, new = self.registry.register(registration)
             try:
@@ -85,8 +109,9 @@ class IndexerService:
                 if new and not model.workers:
                     del self.registry.indexes[model.key]
                 raise ApiError(422, str(exc)) from None
+            if save:
+                await self._save()
         logger.info("registered %s in %s/%s", registration.worker, *model.key)
-        return 201, {"status": "ok"}
 
     async def unregister(self, body: object) -> Reply:
         request = Unregistration.parse(body)
@@ -95,7 +120,19 @@ class IndexerService:
             watcher = self._watchers[model.key]
             for worker in gone:
                 watcher.remove(worker)
+            await self._save()
         return 200, {"status": "ok"}
+
+    def _state_path(self) -> Path | None:
+        folder = self.settings.state_dir
+        return None if folder is None else folder / "registrations.json"
+
+    async def _save(self) -> None:
+        """Write the registrations atomically: a crash leaves the old file or the new one."""
+        path = self._state_path()
+        if path is not None:
+            state = msgspec.json.encode(self.registry.state())
+            await trio.to_thread.run_sync(_replace, path, state)
 
     def query(self, body: object) -> Reply:
         query = Query.parse(body)
@@ -104,6 +141,12 @@ class IndexerService:
         match = model.index.match(query.token_ids)
         self.metrics.queried(time.perf_counter() - began)
         return 200, answer(match, model.block_size, self.stale_reasons(model))
+
+    def select(self, body: object) -> Reply:
+        selection = Selection.parse(body)
+        model = self.registry.model(selection.query.index)
+        match = model.index.match(selection.query.token_ids)
+        return 200, selected(match, model, self.settings.policy, selection)
 
     def workers(self) -> Reply:
         extra = {
@@ -165,6 +208,7 @@ class IndexerApp:
             "/register": ("POST", service.register),
             "/unregister": ("POST", service.unregister),
             "/query": ("POST", self._sync(service.query)),
+            "/select": ("POST", self._sync(service.select)),
             "/workers": ("GET", self._sync(lambda _: service.workers())),
             "/health": ("GET", self._sync(lambda _: (200, None))),
         }
@@ -210,6 +254,15 @@ class IndexerApp:
             if name == b"authorization" and hmac.compare_digest(value, f"Bearer {token}".encode()):
                 return
         raise ApiError(401, "a bearer token is required: Authorization: Bearer <token>")
+
+
+def _replace(path: Path, content: bytes) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("wb") as file:
+        file.write(content)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
 
 
 async def _json_body(receive: Receive, limit: int) -> object:
@@ -267,6 +320,9 @@ async def serve(
     config.errorlog = logger
     async with trio.open_nursery() as nursery:
         service = IndexerService(nursery, settings)
+        restored = await service.restore()
+        if restored:
+            logger.info("following again the %d workers registered before a restart", restored)
         app = IndexerApp(service)
         bound: list[str] = await nursery.start(_serve_app, app, config)
         task_status.started((service, bound))

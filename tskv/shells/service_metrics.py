@@ -52,7 +52,16 @@ class ServiceMetrics:
 
 
 _ROUTES = frozenset(
-    {"/register", "/unregister", "/query", "/workers", "/health", "/metrics", "/openapi.json"}
+    {
+        "/register",
+        "/unregister",
+        "/query",
+        "/select",
+        "/workers",
+        "/health",
+        "/metrics",
+        "/openapi.json",
+    }
 )
 
 
