@@ -25,6 +25,7 @@ pytest.importorskip(
     "hypercorn", reason="tskv serve's extra is not installed (pip install '.[serve]')"
 )
 
+from tskv.core.indexer_api import OPENAPI
 from tskv.shells.service import ServiceSettings, serve
 
 
@@ -264,3 +265,90 @@ async def running(command: list[str]) -> AsyncIterator[str]:
     finally:
         process.kill()
         await process.wait()
+
+
+def drawn(schema: dict[str, Any]) -> Any:
+    """Values a (simple) JSON schema allows: the subset tskv serve's uses."""
+    from hypothesis import strategies as st
+
+    if "$ref" in schema:
+        return drawn(OPENAPI["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]])
+    if "const" in schema:
+        return st.just(schema["const"])
+    kind = schema.get("type")
+    if kind == "integer":
+        return st.integers(schema.get("minimum"), schema.get("maximum"))
+    if kind == "number":
+        return st.floats(schema.get("minimum"), allow_nan=False, allow_infinity=False)
+    if kind == "string":
+        return st.text(max_size=20)
+    if kind == "array":
+        return st.lists(drawn(schema["items"]), max_size=40)
+    assert kind == "object", schema
+    properties = schema["properties"]
+    optional = [name for name in properties if name not in schema["required"]]
+    return st.fixed_dictionaries(
+        {name: drawn(properties[name]) for name in schema["required"]},
+        optional={name: drawn(properties[name]) for name in optional},
+    )
+
+
+def from_schema(name: str) -> Any:
+    """Bodies the OpenAPI schema allows for `name`, and bodies a hair off it."""
+    from hypothesis import strategies as st
+
+    schema = OPENAPI["components"]["schemas"][name]
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+        max_leaves=10,
+    )
+    off = st.dictionaries(st.sampled_from(list(schema["properties"])), json_values, max_size=6)
+    return drawn(schema) | off | json_values
+
+
+async def test_no_body_the_schema_allows_or_nearly_allows_gets_a_5xx_or_stops_the_service() -> None:
+    """A fuzz run over the OpenAPI schema, as schemathesis would: every route, bodies drawn
+    from its schema and from near it, sent over HTTP; each answer a 2xx or a 4xx with one line,
+    and the service answers a good query after all of them."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, service() as base:
+        assert (await ask(base, "/register", registration(publisher)))[0] == 201
+        status, served = await ask(base, "/openapi.json")
+        assert status == 200 and served == OPENAPI
+        routes = {path: op for path, op in OPENAPI["paths"].items() if "post" in op}
+        bodies = st.sampled_from(sorted(routes)).flatmap(
+            lambda path: st.tuples(
+                st.just(path),
+                from_schema(
+                    routes[path]["post"]["requestBody"]["content"]["application/json"]["schema"][
+                        "$ref"
+                    ].rsplit("/", 1)[1]
+                ),
+            )
+        )
+        answered: list[int] = []
+
+        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(bodies)
+        def send(request: tuple[str, Any]) -> None:
+            path, body = request
+            if path in ("/register", "/unregister") and isinstance(body, dict):
+                body = {**body, "model_name": "fuzz"}  # keep the real worker registered
+                if path == "/register":
+                    body["endpoint"] = "tcp://127.0.0.1:1"  # never anywhere but here
+                    body.pop("replay_endpoint", None)
+            status, raw = call(base, path, json.dumps(body).encode(), {})
+            assert status < 500, (path, body, raw)
+            if status >= 400:
+                error = json.loads(raw)["error"]
+                assert isinstance(error, str) and "\n" not in error
+            answered.append(status)
+
+        await trio.to_thread.run_sync(send)
+        assert {s // 100 for s in answered} == {2, 4}  # both kinds drawn: the run can fail
+        status, said = await ask(base, "/query", {"token_ids": [1, 2, 3, 4], "model_name": "m"})
+        assert status == 200 and "scores" in said

@@ -19,7 +19,7 @@ import attrs
 
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import TskvError
-from tskv.core.prefix_index import Match, PrefixIndex
+from tskv.core.prefix_index import MAX_BLOCK_SIZE, Match, PrefixIndex
 from tskv.core.routing import LoadAwarePolicy
 
 DEFAULT_GROUP = "default"  # Dynamo's routing group when a request names none
@@ -34,23 +34,30 @@ class ApiError(TskvError, ValueError):
     """A request the service refuses: `status` is the HTTP status, the message one line."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+        # one line whatever a client put in the names it quotes back
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
         self.status = status
 
 
 def _field(
-    data: Mapping[str, Any], name: str, kind: type, default: Any = ..., *, low: int = 0
+    data: Mapping[str, Any],
+    name: str,
+    kind: type,
+    default: Any = ...,
+    *,
+    low: int = 0,
+    high: int = MAX_U64,
 ) -> Any:
-    """`data[name]` of `kind` (an int in [low, 2**64)), or `default` when absent or null."""
+    """`data[name]` of `kind` (an int from `low` to `high`), or `default` when absent or null."""
     value = data.get(name)
     if value is None:
         if default is ...:
             raise ApiError(422, f"missing field {name!r}")
         return default
     if kind is int:
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_U64:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ApiError(
-                422, f"{name} must be an integer from {low} to 2**64-1, got {value!r:.40}"
+                422, f"{name} must be an integer from {low} to {high}, got {value!r:.40}"
             )
     elif not isinstance(value, kind):
         raise ApiError(422, f"{name} must be a {kind.__name__}, got {value!r:.40}")
@@ -106,7 +113,7 @@ class Registration:
             replay_endpoint=_endpoint(data, "replay_endpoint", optional=True),
             model_name=_field(data, "model_name", str),
             routing_group=_field(data, "routing_group", str, DEFAULT_GROUP),
-            block_size=_field(data, "block_size", int, low=1),
+            block_size=_field(data, "block_size", int, low=1, high=MAX_BLOCK_SIZE),
             tenant_id=_field(data, "tenant_id", str, None),
         )
 
@@ -382,3 +389,107 @@ def selected(
         "candidates": reasons,
         "stale": ["{}:{}".format(*_key(worker)) for worker in sorted(match.stale, key=str)],
     }
+
+
+def _object_schema(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+Schema = dict[str, Any]
+_U64: Schema = {"type": "integer", "minimum": 0, "maximum": MAX_U64}
+_NAME: Schema = {"type": "string"}
+_ENDPOINT: Schema = {
+    "type": "string",
+    "description": "a ZeroMQ endpoint: tcp://, ipc://, inproc://",
+}
+_QUERY: dict[str, Schema] = {
+    "token_ids": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN},
+    },
+    "model_name": _NAME,
+    "routing_group": _NAME,
+    "lora_name": _NAME,
+}
+_JSON = "application/json"
+
+
+def _route(summary: str, request: str | None, answer: dict[str, Any]) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "responses": {
+            "200": {"description": "answered", "content": {_JSON: {"schema": answer}}},
+            "4XX": {
+                "description": "refused, one line saying why",
+                "content": {_JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+            },
+        },
+    }
+    if request is not None:
+        schema = {"$ref": f"#/components/schemas/{request}"}
+        operation["requestBody"] = {"required": True, "content": {_JSON: {"schema": schema}}}
+    return operation
+
+
+OK = {"$ref": "#/components/schemas/Status"}
+ANY_OBJECT = {"type": "object"}
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "tskv serve",
+        "description": "The prefix index of KV-cache events as a service: Dynamo's standalone "
+        "indexer's API (ai-dynamo-runtime 1.6.1), with tskv's additions under `tskv`.",
+        "version": "1",
+    },
+    "paths": {
+        "/register": {"post": _route("follow a worker's stream", "Registration", OK)},
+        "/unregister": {"post": _route("stop following a worker", "Unregistration", OK)},
+        "/query": {
+            "post": _route("matched tokens by worker and tier", "Query", {"type": "object"})
+        },
+        "/select": {
+            "post": _route("the worker to send to, and why", "Selection", {"type": "object"})
+        },
+        "/workers": {"get": _route("the registered workers", None, {"type": "array"})},
+        "/health": {"get": _route("the service answers", None, {})},
+        "/metrics": {"get": _route("Prometheus' text format", None, {})},
+    },
+    "components": {
+        "schemas": {
+            "Registration": _object_schema(
+                ["instance_id", "endpoint", "model_name", "block_size"],
+                instance_id=_U64,
+                dp_rank=_U64,
+                endpoint=_ENDPOINT,
+                replay_endpoint=_ENDPOINT,
+                model_name=_NAME,
+                routing_group=_NAME,
+                block_size={"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
+                tenant_id=_NAME,
+            ),
+            "Unregistration": _object_schema(
+                ["instance_id", "model_name"],
+                instance_id=_U64,
+                model_name=_NAME,
+                routing_group=_NAME,
+                dp_rank=_U64,
+            ),
+            "Query": _object_schema(["token_ids", "model_name"], **_QUERY),
+            "Selection": _object_schema(
+                ["token_ids", "model_name"],
+                **_QUERY,
+                loads={
+                    "type": "array",
+                    "items": _object_schema(
+                        ["instance_id", "queued_tokens"],
+                        instance_id=_U64,
+                        dp_rank=_U64,
+                        queued_tokens={"type": "number", "minimum": 0},
+                    ),
+                },
+            ),
+            "Status": _object_schema(["status"], status={"const": "ok"}),
+            "Error": _object_schema(["error"], error={"type": "string"}),
+        }
+    },
+}

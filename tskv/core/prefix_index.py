@@ -50,6 +50,7 @@ from tskv.core.worker_view import Changes, ViewChange, WorkerView
 if TYPE_CHECKING:
     from tskv.core._compiled import Matcher
 
+MAX_BLOCK_SIZE = 1 << 20  # tokens a block; engines use at most a few hundred
 MAX_PREDICTED = MAX_ENTRIES
 
 
@@ -341,9 +342,14 @@ class PrefixIndex:
         max_predicted: int = MAX_PREDICTED,
         record_changes: bool = False,
     ) -> None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        if (
+            isinstance(block_size, bool)
+            or not isinstance(block_size, int)
+            or not 1 <= block_size <= MAX_BLOCK_SIZE
+        ):
             raise ConfigError(
-                f"block_size = {block_size!r} must be a positive int (tokens a block)"
+                f"block_size = {block_size!r} must be an int from 1 to {MAX_BLOCK_SIZE} (tokens "
+                "a block)"
             )
         int_at_least("max_predicted", max_predicted, 0)
         self.block_size = block_size

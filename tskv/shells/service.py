@@ -26,6 +26,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from tskv.core.descriptor import Descriptor
 from tskv.core.errors import ConfigError
 from tskv.core.indexer_api import (
+    OPENAPI,
     ApiError,
     ModelIndex,
     Query,
@@ -211,6 +212,7 @@ class IndexerApp:
             "/select": ("POST", self._sync(service.select)),
             "/workers": ("GET", self._sync(lambda _: service.workers())),
             "/health": ("GET", self._sync(lambda _: (200, None))),
+            "/openapi.json": ("GET", self._sync(lambda _: (200, OPENAPI))),
         }
 
     @staticmethod
