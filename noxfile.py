@@ -91,6 +91,6 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    session.install("-e", ".[fast,test]")
+    session.install("-e", ".[fast,test,serve]")
     install_dynamo(session)  # the Dynamo columns, where it installs
     session.run("python", "-m", "benchmarks", *session.posargs)

@@ -52,6 +52,7 @@ SECTIONS = [
     "receive",
     "routing",
     "failures",
+    "service",
 ]
 
 
@@ -114,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.failures import failures_section
 
         failures_section(out)
+    if "service" in sections:
+        from benchmarks.service import service_section
+
+        service_section(out)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")
     return 0
 

@@ -352,3 +352,34 @@ async def test_no_body_the_schema_allows_or_nearly_allows_gets_a_5xx_or_stops_th
         assert {s // 100 for s in answered} == {2, 4}  # both kinds drawn: the run can fail
         status, said = await ask(base, "/query", {"token_ids": [1, 2, 3, 4], "model_name": "m"})
         assert status == 200 and "scores" in said
+
+
+async def test_two_services_over_the_same_workers_answer_alike_once_current() -> None:
+    """Replicas: each follows every worker on its own, and once both are current their answers
+    are the same, so a load balancer may send a query to either."""
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    prompts = [list(range(n, n + 12)) for n in (0, 100, 200)]
+    async with (
+        tskv.open_publisher(config) as first,
+        tskv.open_publisher(config) as second,
+        service() as one,
+        service() as other,
+    ):
+        await first.publish([tskv.BlockStored([1, 2, 3], None, prompts[0], 4)])
+        await second.publish([tskv.BlockStored([4, 5], None, prompts[1][:8], 4)])
+        for base in (one, other):
+            for instance, publisher in ((1, first), (2, second)):
+                assert (await ask(base, "/register", registration(publisher, instance)))[0] == 201
+            await caught_up(base, 2)
+        await first.publish([tskv.BlockStored([6], 3, [7, 7, 7, 7], 4)])  # live, after both joined
+        longer = {"token_ids": [*prompts[0], 7, 7, 7, 7], "model_name": "m"}
+        with trio.fail_after(20):
+            for base in (one, other):
+                while (await ask(base, "/query", longer))[1]["scores"] != {"1": {"0": 16}}:  # noqa: ASYNC110
+                    await trio.sleep(0.05)  # a batch applied has no signal over HTTP
+        for prompt in [*prompts, [*prompts[0], 7, 7, 7, 7]]:
+            query = {"token_ids": prompt, "model_name": "m"}
+            assert await ask(one, "/query", query) == await ask(other, "/query", query)
+        assert (await ask(one, "/query", {"token_ids": prompts[1], "model_name": "m"}))[1][
+            "scores"
+        ] == {"2": {"0": 8}}
