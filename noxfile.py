@@ -76,7 +76,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[fast,serve]", "mypy==2.4.1", "exceptiongroup", "pytest")
+    session.install("-e", ".[fast,serve]", "mypy==2.4.1", "exceptiongroup", "pytest", "tomli")
     session.run("mypy", "tskv")
 
 

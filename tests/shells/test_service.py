@@ -260,7 +260,9 @@ async def running(command: list[str]) -> AsyncIterator[str]:
         with trio.fail_after(30):
             said = b""
             while b"listening on" not in said:
-                said += await process.stderr.receive_some()
+                more = await process.stderr.receive_some()
+                assert more, f"tskv serve exited: {said.decode()}"
+                said += more
         yield said.decode().split("listening on ")[1].split()[0].rstrip(",")
     finally:
         process.kill()
@@ -383,3 +385,88 @@ async def test_two_services_over_the_same_workers_answer_alike_once_current() ->
         assert (await ask(one, "/query", {"token_ids": prompts[1], "model_name": "m"}))[1][
             "scores"
         ] == {"2": {"0": 8}}
+
+
+def curve_publisher_config(tmp_path: Path) -> tuple[tskv.KVEventsConfig, Path, Path]:
+    """An encrypted publisher that allows one client: the service's key."""
+    from tskv.curve.key_files import generate_keys
+
+    server_public, server_secret = generate_keys(tmp_path / "server", "server")
+    client_public, client_secret = generate_keys(tmp_path / "client", "client")
+    (tmp_path / "allowed").mkdir()
+    (tmp_path / "allowed" / "client.key").write_bytes(client_public.read_bytes())
+    config = tskv.KVEventsConfig(
+        endpoint=LOOPBACK,
+        replay_endpoint=LOOPBACK,
+        curve_secret_key=str(server_secret),
+        curve_clients=str(tmp_path / "allowed"),
+    )
+    return config, server_public, client_secret
+
+
+async def test_encrypted_workers_are_followed_with_the_keys_given_and_not_without(
+    tmp_path: Path,
+) -> None:
+    """The keys reach every worker's subscriber: from the flags for workers registered over
+    HTTP, from a [[workers]] table for one with a key of its own. A service without them is
+    refused by the publisher's handshake and never catches up."""
+    config, server_public, client_secret = curve_publisher_config(tmp_path)
+    async with tskv.open_publisher(config) as publisher:
+        await publisher.publish([tskv.BlockStored([1], None, [1, 2, 3, 4], 4)])
+        keys = ["--curve-server-key", str(server_public), "--curve-secret-key", str(client_secret)]
+        async with running([*SERVE, *keys]) as base:
+            assert (await ask(base, "/register", registration(publisher)))[0] == 201
+            await caught_up(base, 1)
+        (tmp_path / "serve.toml").write_text(
+            f'port = 0\ncurve_secret_key = "{client_secret}"\n'
+            f'[[workers]]\ninstance_id = 4\nendpoint = "{publisher.endpoint}"\n'
+            f'replay_endpoint = "{publisher.replay_endpoint}"\nmodel_name = "m"\n'
+            f'block_size = 4\ncurve_server_key = "{server_public}"\n'
+        )
+        async with running([*SERVE, "--config", str(tmp_path / "serve.toml")]) as base:
+            await caught_up(base, 1)
+            _, answered = await ask(base, "/query", {"token_ids": [1, 2, 3, 4], "model_name": "m"})
+            assert answered["scores"] == {"4": {"0": 4}}
+        async with running(SERVE) as base:  # no keys: the handshake is refused
+            assert (await ask(base, "/register", registration(publisher)))[0] == 201
+            with trio.move_on_after(1.0):  # a bounded look: nothing would signal it
+                await caught_up(base, 1)
+            _, [listed] = await ask(base, "/workers")
+            assert listed["tskv"]["0"]["stale"] and listed["tskv"]["0"]["batches"] == 0
+
+
+SERVE = [sys.executable, "-m", "tskv", "serve", "--port", "0"]
+
+
+def test_a_bad_config_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    for text, says in [
+        ("port = ", "is not TOML"),
+        ("porty = 1", "unknown settings porty"),
+        ("workers = 3", "[[workers]] tables"),
+        (
+            '[[workers]]\ninstance_id = "x"\nendpoint = "tcp://127.0.0.1:1"\nmodel_name = "m"',
+            "instance_id must be an integer",
+        ),
+    ]:
+        (tmp_path / "serve.toml").write_text(text)
+        done = subprocess.run(
+            [*SERVE, "--config", str(tmp_path / "serve.toml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and says in done.stderr, (text, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_workers_followed_in_a_reader_process_answer_as_in_the_service_s_own() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher:
+        await publisher.publish([tskv.BlockStored([1, 2], None, list(range(8)), 4)])
+        async with running([*SERVE, "--processes", "1"]) as base:
+            assert (await ask(base, "/register", registration(publisher)))[0] == 201
+            await caught_up(base, 1)
+            _, answered = await ask(
+                base, "/query", {"token_ids": list(range(8)), "model_name": "m"}
+            )
+    assert answered["scores"] == {"1": {"0": 8}}

@@ -61,6 +61,12 @@ class ServiceSettings:
     subscriber_settings: dict[str, Any] = attrs.Factory(dict)  # for every worker's subscriber
     policy: LoadAwarePolicy = attrs.Factory(LoadAwarePolicy)  # how /select chooses
     state_dir: Path | None = None  # where the registrations are kept across restarts
+    # CURVE: the publishers' public key file (each worker's own by its endpoint, else the
+    # one for all), and this service's secret key file; None: clear text
+    curve_server_key: str | None = None
+    server_keys: dict[str, str] = attrs.Factory(dict)
+    curve_secret_key: str | None = None
+    processes: int = 0  # reader processes each index's watcher follows its workers in
 
 
 class IndexerService:
@@ -104,6 +110,7 @@ class IndexerService:
                     registration.worker,
                     registration.endpoint,
                     registration.replay_endpoint,
+                    **self._keys(registration.endpoint),
                 )
             except ConfigError as exc:
                 del model.workers[registration.worker]
@@ -123,6 +130,16 @@ class IndexerService:
                 watcher.remove(worker)
             await self._save()
         return 200, {"status": "ok"}
+
+    def _keys(self, endpoint: str) -> dict[str, str]:
+        settings = self.settings
+        server_key = settings.server_keys.get(endpoint, settings.curve_server_key)
+        if server_key is None:
+            return {}
+        keys = {"curve_server_key": server_key}
+        if settings.curve_secret_key is not None:
+            keys["curve_secret_key"] = settings.curve_secret_key
+        return keys
 
     def _state_path(self) -> Path | None:
         folder = self.settings.state_dir
@@ -195,7 +212,10 @@ class IndexerService:
     async def _watch(
         self, model: ModelIndex, task_status: trio.TaskStatus[Watcher] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        async with open_watcher(model.index, **self.settings.subscriber_settings) as watcher:
+        settings = self.settings
+        async with open_watcher(
+            model.index, processes=settings.processes, **settings.subscriber_settings
+        ) as watcher:
             task_status.started(watcher)
             await trio.sleep_forever()
 
