@@ -96,7 +96,7 @@ class _Counts:
     snapshots: int = 0  # snapshot requests among `requests`; ...
     snapshots_completed: int = 0  # ...of those, how many were sent whole (in `completed` too)
     snapshot_parts: int = 0
-    descriptors: int = 0  # describe requests answered (in `requests`, and in `completed`)
+    descriptors: int = 0  # describe requests (in `requests`)
 
 
 @attrs.frozen
@@ -143,6 +143,7 @@ class ReplayServer:
         client, form = request.client, request.form
         self._counts.requests += 1
         self._counts.snapshots += form is RequestForm.SNAPSHOT
+        self._counts.descriptors += form is RequestForm.DESCRIBE
         active = client in self._jobs
         refusal = self._gate.refusal(peer, len(self._jobs), active)
         if refusal is not None:
@@ -158,7 +159,6 @@ class ReplayServer:
             if self._describe is None:
                 self._one_off(frames.replay_end(client, self._topic))
             else:
-                self._counts.descriptors += 1
                 self._one_off(frames.descriptor_reply(client, self._describe()))
             return Received(Outcome.SERVED)
         # A client asking again replaces its earlier replay: it wants this one now.

@@ -214,7 +214,10 @@ class IndexerService:
     ) -> None:
         settings = self.settings
         async with open_watcher(
-            model.index, processes=settings.processes, **settings.subscriber_settings
+            model.index,
+            processes=settings.processes,
+            on_loss=self.metrics.losses.on_loss,
+            **settings.subscriber_settings,
         ) as watcher:
             task_status.started(watcher)
             await trio.sleep_forever()
