@@ -4,7 +4,6 @@ keeping it current over a fleet of publishers (`fleet`)."""
 from __future__ import annotations
 
 import gc
-import json
 import random
 import subprocess
 import sys
@@ -21,12 +20,13 @@ from tskv.core import compiled
 from tskv.core.block_keys import root_key
 from tskv.core.codec import decode_batch, encode_batch
 from tskv.core.config import SubscriberConfig
-from tskv.core.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from tskv.core.events import BlockStored, KVEvent, KVEventBatch
 from tskv.core.prefix_index import PrefixIndex, _walk
 from tskv.core.reader_messages import FrameReader, News, Report, frame, news
 from tskv.core.worker_view import WorkerFigures
 from tskv.shells._reader_mirror import ReaderMirror
 from tskv.shells._watched import Roster, Watched
+from tskv.sim.dynamo_events import dynamo_event
 
 WORKERS = 64
 
@@ -109,22 +109,8 @@ class DynamoSide:
 
     def apply(self, worker: int, event: KVEvent) -> None:
         self.event_id += 1
-        if isinstance(event, BlockStored):
-            local = self.hash_tokens(event.token_ids, BLOCK)
-            blocks = [
-                {"block_hash": h, "tokens_hash": t}
-                for h, t in zip(event.block_hashes, local, strict=True)
-            ]
-            data: dict[str, Any] = {
-                "stored": {"parent_hash": event.parent_block_hash, "blocks": blocks}
-            }
-        elif isinstance(event, BlockRemoved):
-            data = {"removed": {"block_hashes": list(event.block_hashes)}}
-        else:
-            data = {"cleared": None}
-        self.tree.apply_event(
-            worker, json.dumps({"event_id": self.event_id, "data": data}).encode()
-        )
+        local = self.hash_tokens(event.token_ids, BLOCK) if isinstance(event, BlockStored) else ()
+        self.tree.apply_event(worker, dynamo_event(self.event_id, event, local))
 
     def match(self, tokens: list[int]) -> Any:
         return self.tree.find_matches(self.hash_tokens(tokens, BLOCK))

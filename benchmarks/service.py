@@ -89,43 +89,35 @@ async def _tskv_serve(state_dir: str) -> AsyncIterator[Service]:
 
 
 @asynccontextmanager
-async def _empty_app() -> AsyncIterator[Service]:
+async def _started(name: str, command: list[str]) -> AsyncIterator[Service]:
+    """A service process listening on a free loopback port (the command ends with it)."""
     port = _free_port()
-    command = [sys.executable, "-m", "benchmarks.empty_asgi", str(port)]
-    process = await trio.lowlevel.open_process(command, stderr=subprocess.DEVNULL)
-    service = Service("hypercorn, an empty app (the ceiling)", f"http://127.0.0.1:{port}", process)
-    try:
-        await _until_answering(service)
-        yield service
-    finally:
-        process.kill()
-        await process.wait()
-
-
-async def _until_answering(service: Service) -> None:
-    with trio.fail_after(60):
-        while True:
-            try:
-                await service.ask("/health")
-                return
-            except OSError:
-                await trio.sleep(0.1)  # its port answering is its only "ready"
-
-
-@asynccontextmanager
-async def _dynamo() -> AsyncIterator[Service]:
-    port = _free_port()
-    command = [sys.executable, "-m", "dynamo.indexer", "--port", str(port), "--threads", "1"]
     process = await trio.lowlevel.open_process(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*command, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    service = Service("Dynamo indexer", f"http://127.0.0.1:{port}", process)
+    service = Service(name, f"http://127.0.0.1:{port}", process)
     try:
-        await _until_answering(service)
+        with trio.fail_after(60):
+            while True:
+                try:
+                    await service.ask("/health")
+                    break
+                except OSError:
+                    await trio.sleep(0.1)  # its port answering is its only "ready"
         yield service
     finally:
         process.kill()
         await process.wait()
+
+
+def _empty_app() -> Any:
+    command = [sys.executable, "-m", "benchmarks.empty_asgi"]
+    return _started("hypercorn, an empty app (the ceiling)", command)
+
+
+def _dynamo() -> Any:
+    command = [sys.executable, "-m", "dynamo.indexer", "--threads", "1", "--port"]
+    return _started("Dynamo indexer", command)
 
 
 def _prompts(worker: int, count: int) -> list[list[int]]:

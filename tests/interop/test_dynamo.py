@@ -14,22 +14,18 @@ stream answers every prompt as tskv's own `PrefixIndex` does.
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 import tskv
+from tests.interop.dynamo_indexer import Indexer, dump, http
 from tests.zmq_helpers import LOOPBACK
-from tskv import BlockRemoved, BlockStored, KVEvent
+from tskv import BlockStored
 from tskv.core.wire_format import WireFormat
 from tskv.sim import CacheView, Simulator, Workload, run_round
+from tskv.sim.dynamo_events import dynamo_event
 
 llm = pytest.importorskip(
     "dynamo.llm", reason="Dynamo is not installed here (pip install ai-dynamo-runtime)"
@@ -37,82 +33,6 @@ llm = pytest.importorskip(
 
 BLOCK_SIZE = 16
 WIRES = [("tokenspeed", None, "device"), ("vllm", "GPU", "device"), ("vllm", "CPU", "host_pinned")]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def http(port: int, path: str, body: dict[str, Any] | None = None) -> bytes:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", data, {"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as reply:
-        answer: bytes = reply.read()
-        return answer
-
-
-def dump(port: int) -> list[dict[str, Any]]:
-    try:
-        trees: dict[str, Any] = json.loads(http(port, "/dump"))
-    except OSError:  # its HTTP server is not up yet
-        return []
-    return [event for tree in trees.values() for event in tree["events"]]
-
-
-def stored_hashes(events: list[dict[str, Any]]) -> set[int]:
-    return {
-        block["block_hash"]
-        for event in events
-        if "stored" in (data := event["event"]["data"])
-        for block in data["stored"]["blocks"]
-    }
-
-
-class Indexer:
-    """`python -m dynamo.indexer` on a loopback port, its log kept to read."""
-
-    def __init__(self, log: Path, *flags: str) -> None:
-        self.port = free_port()
-        self.log = log
-        self._flags = ["--port", str(self.port), "--threads", "1", *flags]
-        self.process: trio.Process | None = None
-
-    async def __aenter__(self) -> Indexer:
-        with self.log.open("wb") as log:
-            self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "dynamo.indexer", *self._flags],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        with trio.fail_after(30):  # up when its health check answers
-            while not await trio.to_thread.run_sync(self._healthy):  # noqa: ASYNC110
-                await trio.sleep(0.1)
-        return self
-
-    def _healthy(self) -> bool:
-        try:
-            http(self.port, "/health")
-        except OSError:
-            return False
-        return True
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self.process is not None
-        self.process.terminate()
-        await self.process.wait()
-
-    async def holds(self, blocks: set[int]) -> set[int]:
-        """What its tree holds once it equals `blocks`, or after 30 s: its HTTP view has no
-        "caught up" signal, so it is polled."""
-        with trio.move_on_after(30):
-            while stored_hashes(held := await trio.to_thread.run_sync(dump, self.port)) != blocks:  # noqa: ASYNC110
-                await trio.sleep(0.1)
-        return stored_hashes(held)
 
 
 async def publish_rounds(
@@ -183,24 +103,6 @@ async def test_dynamo_indexer_registered_late_replays_from_seq_0_and_holds_the_c
     assert held == view.blocks == sim.cached_hashes()
 
 
-def dynamo_event(event_id: int, event: KVEvent) -> bytes:
-    """A tskv event as Dynamo's router applies it: its blocks' local hashes from their tokens."""
-    if isinstance(event, BlockStored):
-        local = llm.compute_block_hash_for_seq(list(event.token_ids), event.block_size)
-        blocks = [
-            {"block_hash": block, "tokens_hash": tokens}
-            for block, tokens in zip(event.block_hashes, local, strict=True)
-        ]
-        data: dict[str, Any] = {
-            "stored": {"parent_hash": event.parent_block_hash, "blocks": blocks}
-        }
-    elif isinstance(event, BlockRemoved):
-        data = {"removed": {"block_hashes": list(event.block_hashes)}}
-    else:
-        data = {"cleared": None}
-    return json.dumps({"event_id": event_id, "data": data}).encode()
-
-
 @pytest.mark.parametrize("wire_format", ["tokenspeed", "vllm"])
 async def test_dynamos_radix_tree_fed_tskvs_stream_answers_as_the_prefix_index_does(
     wire_format: WireFormat,
@@ -219,7 +121,12 @@ async def test_dynamos_radix_tree_fed_tskvs_stream_answers_as_the_prefix_index_d
             ) as sub:
                 async for _, batch in sub:
                     for event in batch.events:
-                        tree.apply_event(worker, dynamo_event(next(event_ids), event))
+                        local = (
+                            llm.compute_block_hash_for_seq(list(event.token_ids), event.block_size)
+                            if isinstance(event, BlockStored)
+                            else ()
+                        )
+                        tree.apply_event(worker, dynamo_event(next(event_ids), event, local))
                     index.apply(worker, batch)
                     if sub.statistics().delivered == publisher.statistics().accepted:
                         break
@@ -246,15 +153,7 @@ async def _worker(
 ) -> None:
     """A simulated worker that publishes 150 rounds, then stays up until its stream was read."""
     async with tskv.open_publisher(config) as publisher:
-        sim, workload = Simulator(256, BLOCK_SIZE), Workload(seed, BLOCK_SIZE)
-        asked = workload.next_request
-
-        def next_request() -> Any:
-            request, conversation = asked()
-            prompts.append(list(request.prompt_ids))
-            return request, conversation
-
-        workload.next_request = next_request  # type: ignore[method-assign]
+        sim, workload = Simulator(256, BLOCK_SIZE), Workload(seed, BLOCK_SIZE, prompts=prompts)
         for _ in range(150):
             events = run_round(sim, workload, 1)
             if events:

@@ -9,9 +9,6 @@ tests of tskv's own service (tests/shells/test_service.py) still run.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -23,6 +20,7 @@ import pytest
 import trio
 
 import tskv
+from tests.interop.dynamo_indexer import Indexer
 from tests.zmq_helpers import LOOPBACK
 from tskv.sim import Simulator, Workload, run_round
 
@@ -36,13 +34,6 @@ pytest.importorskip(
 from tskv.shells.service import ServiceSettings, serve
 
 BLOCK_SIZE = 16
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class Client:
@@ -72,26 +63,8 @@ class Client:
 
 @asynccontextmanager
 async def dynamo(tmp_path: Path) -> AsyncIterator[Client]:
-    port = free_port()
-    with (tmp_path / "dynamo.log").open("wb") as log:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "dynamo.indexer", "--port", str(port), "--threads", "1"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    client = Client(f"http://127.0.0.1:{port}")
-    try:
-        with trio.fail_after(30):
-            while True:
-                try:
-                    await client("/health")
-                    break
-                except OSError:
-                    await trio.sleep(0.1)  # no "ready" signal but its port answering
-        yield client
-    finally:
-        process.terminate()
-        await process.wait()
+    async with Indexer(tmp_path / "dynamo.log") as indexer:
+        yield Client(f"http://127.0.0.1:{indexer.port}")
 
 
 @asynccontextmanager
@@ -128,15 +101,8 @@ async def test_one_client_gets_the_same_answers_from_both(tmp_path: Path) -> Non
             with trio.fail_after(30):
                 await publisher.wait_for_subscriber(2)  # each service's subscriber
         for seed, publisher in enumerate((first, second)):
-            sim, workload = Simulator(256, BLOCK_SIZE, medium="GPU"), Workload(seed, BLOCK_SIZE)
-            asked = workload.next_request
-
-            def recorded() -> Any:
-                request, conversation = asked()  # noqa: B023
-                prompts.append(list(request.prompt_ids))
-                return request, conversation
-
-            workload.next_request = recorded  # type: ignore[method-assign]
+            sim = Simulator(256, BLOCK_SIZE, medium="GPU")
+            workload = Workload(seed, BLOCK_SIZE, prompts=prompts)
             for _ in range(60):
                 events = run_round(sim, workload, 1)
                 if events:

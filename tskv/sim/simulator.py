@@ -152,8 +152,10 @@ class Workload:
         block_size: int = 16,
         system_prompts: int = 4,
         sampling_seed_offset: int = 0,
+        prompts: list[list[int]] | None = None,
     ) -> None:
         self.rng = random.Random(seed)
+        self.prompts = prompts  # given a list, every prompt drawn is appended (a test's queries)
         self.sampling_seed_offset = sampling_seed_offset
         self.system_prompts = [
             [self.rng.randrange(VOCAB) for _ in range(block_size * self.rng.randint(2, 6))]
@@ -186,6 +188,8 @@ class Workload:
         n = 1 if self.rng.random() < 0.75 else self.rng.randint(2, 4)
         max_new = self.rng.randint(16, 64)
         seed = resolve_sampling_seed(sampling_seed, legacy_seed)
+        if self.prompts is not None:
+            self.prompts.append(list(prompt))
         return GenerateRequest(rid, prompt, SamplingParams(seed, n), max_new), conversation
 
     def conversation_went_on(self, conversation: int, tokens: list[int]) -> None:
