@@ -41,6 +41,7 @@ async def test_a_publisher_and_a_watcher_are_scraped_with_what_they_counted() ->
     assert 'tskv_replay_requests_total{engine="e0",type="describe"} 1.0' in lines  # at `add`
     assert 'tskv_worker_stale{model="m",worker="w"} 0.0' in lines
     assert 'tskv_worker_last_seq{model="m",worker="w"} 2.0' in lines
+    assert 'tskv_worker_blocks{model="m",worker="w"} 3.0' in lines
 
 
 async def test_losses_are_counted_by_reason_as_the_watcher_reports_them(

@@ -87,6 +87,18 @@ async def test_bad_input_is_a_4xx_naming_the_problem_and_the_service_goes_on() -
             ("/register", registration(publisher), 409, "already registered"),
             ("/unregister", {"instance_id": 5, "model_name": "m"}, 404, "instance 5"),
             ("/nowhere", None, 404, "no route"),
+            (
+                "/register",
+                registration(publisher, 3, endpoint="tcp://nohost.invalid:1"),
+                422,
+                "resolve",
+            ),
+            (
+                "/query_by_hash",
+                {"block_hashes": [1], "model_name": "m"},
+                501,
+                "token ids to /query",
+            ),
         ]
         for path, body, status, says in cases:
             got, said = await ask(base, path, body)

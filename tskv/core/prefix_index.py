@@ -562,6 +562,14 @@ class PrefixIndex:
             )
         return {block if isinstance(block, int) else block[-1] for block in view.blocks}
 
+    def blocks_held(self, worker: Worker) -> int | None:
+        """How many blocks `worker` holds, every group and tier counted (None where a reader
+        process keeps them: its figures are the reader's)."""
+        view = self._holdings.views.get(worker)
+        if view is None:
+            return 0
+        return None if view.mirrored else len(view.blocks)
+
     def __len__(self) -> int:
         """Distinct blocks (by content) held by any worker (0 in an index made with
         `record_changes=True`: the index that mirrors it counts them)."""

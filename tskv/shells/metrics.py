@@ -41,8 +41,9 @@ def worker_label(worker: Worker) -> str:
 
 class WatcherCollector(Collector):
     """Each watched worker's figures: batches applied, losses, failures, stale, silent, the
-    last seq applied. `watchers` gives the watchers to read, each with labels of its own (tskv
-    serve's: its index's model and routing group)."""
+    last seq applied, blocks held (where the watcher's own process keeps them). `watchers`
+    gives the watchers to read, each with labels of its own (tskv serve's: its index's model
+    and routing group)."""
 
     def __init__(self, watchers: Labelled) -> None:
         self._watchers = watchers
@@ -63,6 +64,9 @@ class WatcherCollector(Collector):
                 families["silent"].add_metric(values, float(status.silent))
                 if status.last_seq is not None:
                     families["last_seq"].add_metric(values, status.last_seq)
+                blocks = watcher.index.blocks_held(worker)
+                if blocks is not None:  # a reader process keeps them
+                    families["blocks"].add_metric(values, blocks)
         yield from families.values()
 
 
@@ -73,6 +77,7 @@ WORKER_FIGURES = (  # key, counter (else a gauge), name, what it counts
     ("stale", False, "tskv_worker_stale", "1 while the index cannot vouch for the view"),
     ("silent", False, "tskv_worker_silent", "1 while the worker's publisher does not answer"),
     ("last_seq", False, "tskv_worker_last_seq", "The last seq applied from the stream"),
+    ("blocks", False, "tskv_worker_blocks", "Blocks the index holds for the worker"),
 )
 
 

@@ -40,6 +40,7 @@ from tskv.core.indexer_api import (
     selected,
 )
 from tskv.core.routing import LoadAwarePolicy
+from tskv.shells._reachability import unreachable_reason
 from tskv.shells.service_metrics import ServiceMetrics
 from tskv.shells.watcher import Watcher, open_watcher
 
@@ -95,7 +96,12 @@ class IndexerService:
         return len(saved)
 
     async def register(self, body: object) -> Reply:
-        await self._add(Registration.parse(body), save=True)
+        registration = Registration.parse(body)
+        for endpoint in filter(None, (registration.endpoint, registration.replay_endpoint)):
+            problem = await unreachable_reason(endpoint)
+            if problem is not None:
+                raise ApiError(422, f"cannot reach {endpoint}: {problem}")
+        await self._add(registration, save=True)
         return 201, {"status": "ok"}
 
     async def _add(self, registration: Registration, save: bool) -> None:
@@ -236,6 +242,8 @@ class IndexerApp:
             "/workers": ("GET", self._sync(lambda _: service.workers())),
             "/health": ("GET", self._sync(lambda _: (200, None))),
             "/openapi.json": ("GET", self._sync(lambda _: (200, OPENAPI))),
+            "/query_by_hash": ("POST", self._sync(_not_here)),
+            "/dump": ("GET", self._sync(_not_here)),
         }
 
     @staticmethod
@@ -279,6 +287,16 @@ class IndexerApp:
             if name == b"authorization" and hmac.compare_digest(value, f"Bearer {token}".encode()):
                 return
         raise ApiError(401, "a bearer token is required: Authorization: Bearer <token>")
+
+
+def _not_here(_: object) -> Reply:
+    """Dynamo's /query_by_hash and /dump speak its own token hashes (a block's `tokens_hash`),
+    which tskv's index does not keep: answering them would be making them up."""
+    raise ApiError(
+        501,
+        "this route takes Dynamo's own token hashes, which tskv's index does not keep: send "
+        "the token ids to /query",
+    )
 
 
 def _replace(path: Path, content: bytes) -> None:
