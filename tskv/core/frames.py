@@ -18,7 +18,7 @@ END_SEQ = 2**64 - 1
 END_FRAME = b"\xff" * 8  # -1 as a signed 8-byte int marks the end of a replay
 MAX_REQUEST_BYTES = 1024  # no replay request frame needs more; larger ones disconnect the peer
 # tskv's own requests are start_seq frames no other client sends, shaped so that a publisher
-# that knows none of them (vLLM's, TokenSpeed's, SGLang's: `int.from_bytes(frame, "big")`)
+# that knows none of them (vLLM's, TokenSpeed's, TensorRT-LLM's: `int.from_bytes(frame, "big")`)
 # still answers sensibly:
 # - a replay whose end says the publisher's epoch, or why it was refused: 8 zero bytes, then
 #   the seq. Read as one big-endian integer, that is the same seq: the same batches come back.

@@ -1,8 +1,9 @@
 """Ask a publisher what it is: one request on its replay endpoint, one reply.
 
-A tskv publisher answers with its `Descriptor`; any other (TokenSpeed's, vLLM's, SGLang's) reads
-the request as a replay past its newest seq and answers with the end marker alone, which is
-returned as None: nothing is known, and the caller goes on as it would have without asking.
+A tskv publisher answers with its `Descriptor`; any other (TokenSpeed's and vLLM's, as their
+wheels' replay code reads) takes the request for a replay past its newest seq and answers with
+the end marker alone, which is returned as None: nothing is known, and the caller goes on as
+it would have without asking.
 """
 
 from __future__ import annotations
