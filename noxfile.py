@@ -1,5 +1,7 @@
 """Sessions: tests, lint, typecheck, docs, bench. Each installs what it needs into its own venv."""
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import nox
@@ -9,7 +11,7 @@ TOKENSPEED = (
 )
 DYNAMO = "ai-dynamo-runtime==1.6.1"  # its indexer and radix tree read tskv's stream (test_dynamo)
 
-nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
+nox.options.sessions = ["tests", "lint", "typecheck", "docs", "sanitize"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -65,6 +67,49 @@ def tests(session: nox.Session) -> None:
             "tests/shells/test_watcher.py",
         ]
         session.run("pytest", "-q", *pure, env={"TSKV_PURE_PYTHON": "1"})
+
+
+SANITIZED = [  # the compiled core's own tests, and the index's oracle tests that drive it
+    "tests/core/test_compiled.py",
+    "tests/core/test_prefix_index.py",
+    "tests/core/test_block_keys.py",
+    "tests/core/test_hybrid_groups.py",
+    "tests/core/test_predictions.py",
+    "tests/core/test_reader_messages.py",
+    "tests/core/test_read_batch.py",
+]
+SANITIZERS = "-fsanitize=address,undefined"
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """The compiled core built with AddressSanitizer and UndefinedBehaviorSanitizer, and its
+    tests run under them. In a copy of the tree: an ASan build in the tree itself would be
+    loaded by every other session without the ASan runtime first, and fail there."""
+    tree = Path(session.create_tmp()).resolve() / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(
+        Path.cwd(),
+        tree,
+        ignore=shutil.ignore_patterns(".nox", ".git", "build", "*.so", "__pycache__", ".*cache"),
+    )
+    session.install(f"{tree}[test]")  # the dependencies; the tree's own build shadows this one
+    session.chdir(tree)
+    flags = f"{SANITIZERS} -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g"
+    build = {"CFLAGS": flags, "LDFLAGS": SANITIZERS}
+    session.run("python", "setup.py", "-q", "build_ext", "--inplace", "--force", env=build)
+    runtime = subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    env = {
+        "LD_PRELOAD": runtime,  # the interpreter is not instrumented: the runtime goes first
+        "ASAN_OPTIONS": "detect_leaks=0",  # CPython leaves its own objects at exit
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+        "TSKV_PURE_PYTHON": "0",
+    }
+    loaded = "import tskv.core.compiled as c; assert c.core is not None, 'no compiled core'"
+    session.run("python", "-c", loaded, env=env)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *SANITIZED, env=env)
 
 
 @nox.session
