@@ -111,6 +111,16 @@ async def test_bad_input_is_a_4xx_naming_the_problem_and_the_service_goes_on() -
         assert status == 200 and said["scores"] == {}
 
 
+async def test_registrations_beyond_max_workers_are_refused_until_one_goes() -> None:
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, service(max_workers=1) as base:
+        assert (await ask(base, "/register", registration(publisher, 1)))[0] == 201
+        status, said = await ask(base, "/register", registration(publisher, 2))
+        assert status == 422 and "at most 1 workers" in said["error"]
+        assert (await ask(base, "/unregister", {"instance_id": 1, "model_name": "m"}))[0] == 200
+        assert (await ask(base, "/register", registration(publisher, 2)))[0] == 201
+
+
 async def test_a_service_with_a_token_answers_only_requests_that_carry_it() -> None:
     async with service(token="s3cret-s3cret-s3cret") as base:
         assert (await ask(base, "/workers"))[0] == 401

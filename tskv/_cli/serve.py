@@ -80,6 +80,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     serve.add_argument(
         "--max-body-bytes", type=int, help="refuse larger request bodies with 413 (16 MiB)"
     )
+    _keys_and_limits(serve)
+
+
+def _keys_and_limits(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--curve-server-key",
         metavar="FILE",
@@ -89,6 +93,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--curve-secret-key",
         metavar="FILE",
         help="this service's secret certificate (the publishers allow its public key)",
+    )
+    serve.add_argument(
+        "--max-workers", type=int, help="refuse registrations beyond this many workers (10000)"
     )
     serve.add_argument(
         "--processes",
@@ -111,6 +118,7 @@ DEFAULTS: dict[str, Any] = {
     "curve_server_key": None,
     "curve_secret_key": None,
     "processes": 0,
+    "max_workers": 10_000,
 }
 PATHS = {"token_file", "state_dir"}
 
@@ -231,6 +239,7 @@ async def main(args: argparse.Namespace) -> int:
         server_keys=server_keys,
         curve_secret_key=args.curve_secret_key,
         processes=args.processes,
+        max_workers=args.max_workers,
     )
     async with trio.open_nursery() as nursery:
         service, bound = await nursery.start(serve, args.host, args.port, settings)

@@ -26,6 +26,7 @@ DEFAULT_GROUP = "default"  # Dynamo's routing group when a request names none
 MAX_U64 = 2**64 - 1
 MAX_TOKEN = 2**32 - 1  # Dynamo reads token ids as u32
 MAX_QUERY_TOKENS = 1 << 20  # a longer prompt is refused (413): no model takes one
+MAX_WORKERS = 10_000  # registrations, each a subscriber with its sockets: a bound on memory
 WorkerKey = tuple[int, int]  # (instance_id, dp_rank): a worker in the index
 IndexKey = tuple[str, str]  # (model_name, routing_group)
 
@@ -217,8 +218,9 @@ class Registry:
     """Every index the service keeps and who is registered in each: what a registration,
     an unregistration or a query means, decided here; following the streams is the shell's."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_workers: int = MAX_WORKERS) -> None:
         self.indexes: dict[IndexKey, ModelIndex] = {}
+        self.max_workers = max_workers  # what a client may make the service follow, at most
 
     def state(self) -> dict[str, Any]:
         """What a restarted service needs to follow the same workers: every registration."""
@@ -241,6 +243,12 @@ class Registry:
         """The index the worker goes in, and whether it is new (its watcher starts). Refused
         (409) for a worker already registered there, or a block size other than the index's."""
         known = self.indexes.get(registration.index)
+        if sum(len(model.workers) for model in self.indexes.values()) >= self.max_workers:
+            raise ApiError(
+                422,
+                f"the service follows at most {self.max_workers} workers (--max-workers): "
+                "unregister one first",
+            )
         if known is None:
             model = ModelIndex(registration.index, PrefixIndex(registration.block_size))
         else:

@@ -26,6 +26,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from tskv.core.descriptor import Descriptor
 from tskv.core.errors import ConfigError
 from tskv.core.indexer_api import (
+    MAX_WORKERS,
     OPENAPI,
     ApiError,
     ModelIndex,
@@ -68,13 +69,14 @@ class ServiceSettings:
     server_keys: dict[str, str] = attrs.Factory(dict)
     curve_secret_key: str | None = None
     processes: int = 0  # reader processes each index's watcher follows its workers in
+    max_workers: int = MAX_WORKERS  # registrations the service takes, at most
 
 
 class IndexerService:
     """The registry and a running watcher for each of its indexes."""
 
     def __init__(self, nursery: trio.Nursery, settings: ServiceSettings) -> None:
-        self.registry = Registry()
+        self.registry = Registry(settings.max_workers)
         self.settings = settings
         self.metrics = ServiceMetrics(self.watchers)
         self._nursery = nursery
@@ -156,7 +158,13 @@ class IndexerService:
         path = self._state_path()
         if path is not None:
             state = msgspec.json.encode(self.registry.state())
-            await trio.to_thread.run_sync(_replace, path, state)
+            try:
+                await trio.to_thread.run_sync(_replace, path, state)
+            except OSError as exc:  # the disk's fault, not the client's: said as such
+                logger.error("cannot keep the registrations in %s: %s", path, exc)
+                raise ApiError(
+                    500, f"done, but not kept in {path} ({exc.strerror}): a restart forgets it"
+                ) from None
 
     def query(self, body: object) -> Reply:
         query = Query.parse(body)
