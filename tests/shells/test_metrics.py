@@ -33,15 +33,19 @@ async def test_a_publisher_and_a_watcher_are_scraped_with_what_they_counted() ->
             registry.register(WatcherCollector(lambda: [({"model": "m"}, watcher)]))
             watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
             with trio.fail_after(10):
-                await watcher.wait_for_seq("w", 2)
+                await watcher.wait_for_seq("w", 2)  # from its snapshot
+                await publisher.publish([BlockStored([3], 2, [3] * 4, 4)])
+                await watcher.wait_for_seq("w", 3)  # live, applied as it came
             lines = scraped(registry)
-    assert 'tskv_publisher_published_total{engine="e0"} 3.0' in lines
-    assert 'tskv_publisher_cached_blocks{engine="e0"} 3.0' in lines
+    assert 'tskv_publisher_published_total{engine="e0"} 4.0' in lines
+    assert 'tskv_publisher_cached_blocks{engine="e0"} 4.0' in lines
     assert 'tskv_replay_requests_total{engine="e0",type="snapshot"} 1.0' in lines  # the bootstrap
     assert 'tskv_replay_requests_total{engine="e0",type="describe"} 1.0' in lines  # at `add`
     assert 'tskv_worker_stale{model="m",worker="w"} 0.0' in lines
-    assert 'tskv_worker_last_seq{model="m",worker="w"} 2.0' in lines
-    assert 'tskv_worker_blocks{model="m",worker="w"} 3.0' in lines
+    assert 'tskv_worker_last_seq{model="m",worker="w"} 3.0' in lines
+    assert 'tskv_worker_blocks{model="m",worker="w"} 4.0' in lines
+    assert 'tskv_event_lag_seconds_count{model="m"} 1.0' in lines  # the snapshot is no batch
+    assert 'tskv_event_lag_seconds_bucket{le="+Inf",model="m"} 1.0' in lines
 
 
 async def test_losses_are_counted_by_reason_as_the_watcher_reports_them(

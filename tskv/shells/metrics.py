@@ -21,9 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from tskv.core.lag import BOUNDS
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import Worker
 from tskv.shells.publisher import Publisher
@@ -50,10 +56,21 @@ class WatcherCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        lag: HistogramMetricFamily | None = None
         for labels, watcher in self._watchers():
             names = [*labels, "worker"]
             if not families:
                 families = _worker_families(names)
+                text = "Time from a batch's timestamp to its being applied to the index"
+                lag = HistogramMetricFamily("tskv_event_lag_seconds", text, labels=list(labels))
+            assert lag is not None
+            figures = watcher.lag
+            cumulative, buckets = 0, []
+            for bound, count in zip(BOUNDS, figures.counts, strict=True):
+                cumulative += count
+                buckets.append((repr(bound), cumulative))
+            buckets.append(("+Inf", figures.batches))
+            lag.add_metric(list(labels.values()), buckets, figures.total)
             for worker in watcher.workers:
                 status = watcher.status(worker)
                 values = [*labels.values(), worker_label(worker)]
@@ -68,6 +85,8 @@ class WatcherCollector(Collector):
                 if blocks is not None:  # a reader process keeps them
                     families["blocks"].add_metric(values, blocks)
         yield from families.values()
+        if lag is not None:
+            yield lag
 
 
 WORKER_FIGURES = (  # key, counter (else a gauge), name, what it counts

@@ -30,6 +30,7 @@ from tskv.core.config import SubscriberConfig
 from tskv.core.descriptor import Descriptor, mismatch
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import ConfigError, TskvError, TskvLookupError, TskvTypeError
+from tskv.core.lag import LagFigures
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.reader_messages import Follow
@@ -171,6 +172,12 @@ class Watcher(metaclass=NoPublicConstructor):
         """`worker` turned stale, current, silent or back: its `on_status` is told."""
         if self._roster.get(worker) is watched and self._on_status is not None:
             self._on_status(worker, self.status(worker))
+
+    @property
+    def lag(self) -> LagFigures:
+        """How late the batches applied in this process were, from their timestamps: a
+        histogram (`tskv.core.lag`). Batches a reader process applies are its own."""
+        return self._record.lag.figures()
 
     @property
     def workers(self) -> list[Worker]:
