@@ -636,3 +636,31 @@ async def test_a_publisher_that_says_nothing_of_itself_is_followed_as_before(
             await watcher.wait_for_seq("w", 0)
     assert (status.descriptor, status.mismatch) == (None, None)
     assert index.engine_hashes("w") == {1}
+
+
+async def test_a_publisher_that_comes_up_after_its_worker_was_added_is_asked_again() -> None:
+    """Added before its engine starts, the worker's first describe request goes unanswered;
+    it is asked again, and its mismatch is said once the publisher is up."""
+    live, replay = free_loopback_port(), free_loopback_port()
+    config = tskv.KVEventsConfig(
+        endpoint=f"tcp://127.0.0.1:{live}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay}",
+        bind=True,
+        block_size=8,
+    )
+    told = trio.Event()
+
+    def on_status(worker: Worker, status: tskv.WorkerStatus) -> None:
+        if status.mismatch is not None:
+            told.set()
+
+    index = tskv.PrefixIndex(4)
+    async with tskv.open_watcher(index, on_status=on_status, replay_timeout=0.2) as watcher:
+        watcher.add("late", config.endpoint, config.replay_endpoint)
+        with trio.fail_after(10):
+            first = await watcher.described("late")
+        assert first.descriptor is None  # nothing listened yet
+        async with tskv.open_publisher(config):
+            with trio.fail_after(20):
+                await told.wait()
+        assert watcher.status("late").mismatch == "its block size is 8, the index's is 4"

@@ -59,6 +59,7 @@ class WorkerStatus(WorkerFigures):
 
 
 QUIET_INTERVAL = 1.0  # a watched worker's quiet stream is probed this often: dead in 2 s
+DESCRIBE_RETRY, DESCRIBE_RETRY_MAX = 1.0, 60.0  # seconds between describe requests unanswered
 REPLAY_TIMEOUT = 2.0  # and a repair it stops answering is given up (the worker stale) as soon
 OnStatus = Callable[[Worker, WorkerStatus], object]
 
@@ -231,16 +232,23 @@ class Watcher(metaclass=NoPublicConstructor):
     async def _describe(self, worker: Worker, watched: Watched) -> None:
         """Ask the worker's publisher what it is, beside following it: one whose block size or
         hash differs from the index's or its other workers' would match nothing, silently. A
-        publisher that does not say (any but tskv's), or does not answer, is followed as it is."""
+        publisher that does not say (any but tskv's) is followed as it is; one that does not
+        answer (not up yet) is asked again, less and less often, until it answers or the worker
+        is removed. `described` is set after the first try."""
+        wait = DESCRIBE_RETRY
         try:
-            await self._ask(worker, watched)
+            while self._roster.get(worker) is watched and not await self._ask(worker, watched):
+                watched.described.set()
+                await trio.sleep(wait)
+                wait = min(2 * wait, DESCRIBE_RETRY_MAX)
         finally:
             watched.described.set()
 
-    async def _ask(self, worker: Worker, watched: Watched) -> None:
+    async def _ask(self, worker: Worker, watched: Watched) -> bool:
+        """One describe request; False when it went unanswered (or could not be made)."""
         config = watched.config
-        with trio.move_on_after(config.replay_timeout):  # bounded: no need to cancel on remove
-            assert watched.replay_endpoint is not None
+        assert watched.replay_endpoint is not None
+        with trio.move_on_after(config.replay_timeout):
             try:
                 said = await describe_publisher(
                     watched.replay_endpoint,
@@ -250,20 +258,24 @@ class Watcher(metaclass=NoPublicConstructor):
                 )
             except (TskvError, ValueError, OSError) as exc:
                 logger.info("worker %r did not say what it is: %s", worker, exc)
-                return
-            if said is None or self._roster.get(worker) is not watched:
-                return
-            watched.descriptor = said
-            others = (
-                other.descriptor
-                for other in self._roster.values()
-                if other is not watched and other.descriptor is not None
-            )
-            watched.mismatch = mismatch(said, self.index.block_size, others)
-            if watched.mismatch is not None:
-                log_mismatch(worker, watched, watched.mismatch)
-                if watched.on_turn is not None:
-                    watched.on_turn()
+                return False
+            if said is not None and self._roster.get(worker) is watched:
+                self._described(worker, watched, said)
+            return True
+        return False
+
+    def _described(self, worker: Worker, watched: Watched, said: Descriptor) -> None:
+        watched.descriptor = said
+        others = (
+            other.descriptor
+            for other in self._roster.values()
+            if other is not watched and other.descriptor is not None
+        )
+        watched.mismatch = mismatch(said, self.index.block_size, others)
+        if watched.mismatch is not None:
+            log_mismatch(worker, watched, watched.mismatch)
+            if watched.on_turn is not None:
+                watched.on_turn()
 
     async def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
