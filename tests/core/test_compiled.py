@@ -304,6 +304,61 @@ def test_a_list_of_ids_or_contents_that_moves_stops_with_an_error() -> None:
         _compiled.chain(0, contents)
 
 
+class Seven:
+    """A block id of hash 7, equal to any other Seven."""
+
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Seven)
+
+
+class Clearing:
+    """A block id of the same hash whose equality empties the map that holds it, then makes a
+    dict of its own: the map lets go of the dict beside its slots while a lookup in it is under
+    way, and CPython gives that dict's memory to the new one. A lookup that did not hold the
+    dict went on in the new one, and answered from it."""
+
+    def __init__(self, blocks: Any) -> None:
+        self.blocks = blocks
+        self.kept: list[dict[Any, str]] = []
+
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        self.blocks.clear()
+        self.kept.append({Seven(): "another dict's"})
+        return False
+
+
+@pytest.mark.parametrize(
+    ("call", "answer"),
+    [
+        (lambda blocks: blocks.get(Seven()), None),
+        (lambda blocks: Seven() in blocks, False),
+        (lambda blocks: blocks.pop(Seven(), None), None),
+        (lambda blocks: blocks.pop_many([Seven()], None), [None]),
+        (lambda blocks: blocks.setdefault(Seven(), 1), 1),
+        (lambda blocks: blocks.add_new([7], [1]), True),  # an int of the same hash: looked up
+    ],
+    ids=["get", "contains", "pop", "pop_many", "setdefault", "add_new"],
+)
+def test_a_map_emptied_by_an_ids_equality_mid_lookup_answers_from_its_own_dict(
+    call: Any, answer: Any
+) -> None:
+    """Every BlockMap call that looks an id up in the dict beside the slots holds that dict
+    while it does: what it answers is that dict's (a dict's own answer when the lookup's
+    equality empties it), never another dict's, and the map is left usable."""
+    blocks = _compiled.BlockMap()
+    blocks[Clearing(blocks)] = 3  # not an int: kept beside the slots
+    blocks[5] = 6
+    assert call(blocks) == answer
+    blocks[8] = 9
+    assert blocks.get(8) == 9 and 5 not in blocks  # the equality's clear() took the rest
+
+
 class EmptyingParent:
     """A parent hash equal to any, whose equality empties an event's token ids."""
 

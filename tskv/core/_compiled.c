@@ -1369,9 +1369,12 @@ block_get(KeyTable *t, PyObject *key, PyObject *missing)
         }
     }
     if (t->high != NULL) {
-        PyObject *found = PyDict_GetItemWithError(t->high, key); /* borrowed */
+        PyObject *high = Py_NewRef(t->high); /* held: the lookup may run an id's __eq__ */
+        PyObject *found = PyDict_GetItemWithError(high, key);
+        Py_XINCREF(found); /* before the dict may go, with what it holds */
+        Py_DECREF(high);
         if (found != NULL) {
-            return Py_NewRef(found);
+            return found;
         }
         if (PyErr_Occurred()) {
             return NULL;
@@ -1387,11 +1390,17 @@ block_get(KeyTable *t, PyObject *key, PyObject *missing)
 static int
 other_delete(KeyTable *t, PyObject *key, int must)
 {
-    if (t->high == NULL || PyDict_DelItem(t->high, key) == 0) {
-        if (t->high == NULL && must) {
+    if (t->high == NULL) {
+        if (must) {
             PyErr_SetObject(PyExc_KeyError, key);
             return -1;
         }
+        return 0;
+    }
+    PyObject *high = Py_NewRef(t->high); /* held: the lookup may run an id's __eq__ */
+    int deleted = PyDict_DelItem(high, key);
+    Py_DECREF(high);
+    if (deleted == 0) {
         return 0;
     }
     if (!must && PyErr_ExceptionMatches(PyExc_KeyError)) {
@@ -1437,7 +1446,10 @@ block_set(KeyTable *t, PyObject *key, PyObject *value)
     if (t->high == NULL && (t->high = PyDict_New()) == NULL) {
         return -1;
     }
-    return PyDict_SetItem(t->high, key, value);
+    PyObject *high = Py_NewRef(t->high); /* held: storing may run an id's __eq__ */
+    int failed = PyDict_SetItem(high, key, value);
+    Py_DECREF(high);
+    return failed;
 }
 
 static int
@@ -1488,7 +1500,13 @@ BlockMap_contains(KeyTable *t, PyObject *key)
         return 1;
     }
     /* None is also what an orphan's entry holds: ask the dict it would be in */
-    return t->high == NULL ? 0 : PyDict_Contains(t->high, key);
+    if (t->high == NULL) {
+        return 0;
+    }
+    PyObject *high = Py_NewRef(t->high); /* held: the lookup may run an id's __eq__ */
+    int present = PyDict_Contains(high, key);
+    Py_DECREF(high);
+    return present;
 }
 
 static PyObject *
@@ -1703,6 +1721,7 @@ BlockMap_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(ids);
     Items held = {ids, PySequence_Fast_ITEMS(ids), count};
+    Items held_keys = {keys, PySequence_Fast_ITEMS(keys), PySequence_Fast_GET_SIZE(keys)};
     PyObject *result = NULL;
     int64_t *bits = NULL; /* the ids' bits, then the keys' */
     if (PySequence_Fast_GET_SIZE(keys) != count) {
@@ -1724,11 +1743,13 @@ BlockMap_add_new(KeyTable *t, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         int beside = 0;
-        if (others) { /* the id held meanwhile: its __eq__ may drop it */
+        if (others && t->high != NULL) { /* the id and the dict held: an __eq__ may drop them */
+            PyObject *high = Py_NewRef(t->high);
             Py_INCREF(id);
-            beside = PyDict_Contains(t->high, id);
+            beside = PyDict_Contains(high, id);
             Py_DECREF(id);
-            beside = beside == 0 && items_moved(&held) ? -1 : beside;
+            Py_DECREF(high);
+            beside = beside == 0 && (items_moved(&held) || items_moved(&held_keys)) ? -1 : beside;
         }
         if (beside) {
             result = beside < 0 ? NULL : Py_NewRef(Py_False);
