@@ -900,3 +900,60 @@ def test_a_large_table_is_counted_by_tracemalloc() -> None:
         assert tracemalloc.get_traced_memory()[0] < size / 4
     finally:
         tracemalloc.stop()
+
+
+def _each_allocation_failing(change: Any, make: Any, before: Any, after: Any) -> int:
+    """Run `change` on a fresh structure with its n-th allocation failing, for each n until
+    it no longer fails; each time the structure must read as `before` or as `after`, whole.
+    Returns how many of the runs failed."""
+    testcapi = pytest.importorskip("_testcapi", reason="this Python has no _testcapi")
+    failures = 0
+    for failing in range(64):
+        structure = make()
+        testcapi.set_nomemory(failing, failing + 1)
+        try:
+            change(structure)
+        except MemoryError:
+            failures += 1
+        else:
+            if failing > 0:
+                break  # past the allocations the change makes
+        finally:
+            testcapi.remove_mem_hooks()
+        got = {key: structure[key] for key in list(structure)}
+        assert got in (before, after), failing
+    return failures
+
+
+def test_a_failed_allocation_leaves_a_table_and_its_side_dict_as_they_were() -> None:
+    """A store that grows the table (its 52nd key) with a mask past 64 workers (its high bits
+    in the dict beside the slots): whichever allocation fails, the table is as it was."""
+
+    def make() -> Any:
+        table = _compiled.KeyTable()
+        table.update({key: 1 for key in range(51)})
+        return table
+
+    big = (1 << 70) | 3
+    before = {key: 1 for key in range(51)}
+    failed = _each_allocation_failing(
+        lambda table: table.__setitem__(1000, big), make, before, {**before, 1000: big}
+    )
+    assert failed  # the allocations were reached: the test can fail
+
+
+def test_a_failed_allocation_leaves_a_blockmap_and_its_side_dict_as_they_were() -> None:
+    """An orphan (a None key, kept beside the slots) given its key when the slots must grow:
+    whichever allocation fails, the block is still there as it was."""
+
+    def make() -> Any:
+        blocks = _compiled.BlockMap()
+        blocks.update({block: block for block in range(10, 61)})  # 51 in the slots
+        blocks[5] = None  # beside them
+        return blocks
+
+    before = {**{block: block for block in range(10, 61)}, 5: None}
+    failed = _each_allocation_failing(
+        lambda blocks: blocks.__setitem__(5, 7), make, before, {**before, 5: 7}
+    )
+    assert failed

@@ -633,15 +633,20 @@ table_set(KeyTable *t, PyObject *key_obj, PyObject *value)
             return -1;
         }
     }
-    int has_high = high != NULL;
-    if (has_high && t->high == NULL && (t->high = PyDict_New()) == NULL) {
-        Py_DECREF(high);
-        return -1;
+    /* Room first, then the dict, then the slot: an allocation that fails on the way leaves
+       the slots and the dict as they were (a grown table holds what it held). */
+    size_t i = 0;
+    int failed = t->capacity == 0 && make_room(t) < 0;
+    if (!failed && t->slots[i = find(t, key)].key == EMPTY) {
+        failed = make_room(t) < 0;
+        i = failed ? 0 : find(t, key);
     }
-    int failed = 0;
-    if (has_high) {
-        failed = PyDict_SetItem(t->high, key_obj, high) < 0;
-    } else if (t->high != NULL && PyDict_DelItem(t->high, key_obj) < 0) {
+    if (!failed && high != NULL) {
+        if (t->high == NULL) {
+            t->high = PyDict_New();
+        }
+        failed = t->high == NULL || PyDict_SetItem(t->high, key_obj, high) < 0;
+    } else if (!failed && t->high != NULL && PyDict_DelItem(t->high, key_obj) < 0) {
         if (PyErr_ExceptionMatches(PyExc_KeyError)) {
             PyErr_Clear();
         } else {
@@ -649,15 +654,10 @@ table_set(KeyTable *t, PyObject *key_obj, PyObject *value)
         }
     }
     Py_XDECREF(high);
-    if (failed || (t->capacity == 0 && make_room(t) < 0)) {
+    if (failed) {
         return -1;
     }
-    size_t i = find(t, key);
     if (t->slots[i].key == EMPTY) {
-        if (make_room(t) < 0) {
-            return -1;
-        }
-        i = find(t, key);
         t->slots[i].key = key;
         t->used++;
     }
@@ -1423,6 +1423,12 @@ block_set(KeyTable *t, PyObject *key, PyObject *value)
         return -1;
     }
     if (holds) {
+        /* Room first: an allocation that fails leaves the block where it was (in the dict
+           beside the slots, say). Then the dict, whose lookup may run an id's __eq__, which
+           may empty the map: room is made again for what is left. */
+        if (make_room(t) < 0) {
+            return -1;
+        }
         if (t->high != NULL && PyDict_GET_SIZE(t->high) && other_delete(t, key, 0) < 0) {
             return -1;
         }
