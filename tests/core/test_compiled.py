@@ -957,3 +957,23 @@ def test_a_failed_allocation_leaves_a_blockmap_and_its_side_dict_as_they_were() 
         lambda blocks: blocks.__setitem__(5, 7), make, before, {**before, 5: 7}
     )
     assert failed
+
+
+def test_the_matcher_serves_again_once_no_mask_reaches_past_64_workers() -> None:
+    """A key held by a worker past the 64th keeps its high bits in a dict beside the slots,
+    and the Matcher leaves such a table's queries to the Python path; once no key needs it,
+    the dict goes and the Matcher answers again (it did not: the dict stayed, empty)."""
+    table = _compiled.KeyTable()
+    key = hash((PLAIN_ROOT, (1, 2, 3, 4)))
+    table[key] = 1
+    matcher = _compiled.Matcher(table, Match, 4, set(), {}, set(), {})
+    matcher.set_workers(("w",), ("w",))
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
+    table[key] = (1 << 70) | 1  # a 71st worker holds it too
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) is None  # the general path's to answer
+    table[key] = 1  # that worker let go of it
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
+    other = hash((PLAIN_ROOT, (5, 6, 7, 8)))
+    table[other] = 1 << 65
+    del table[other]
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}

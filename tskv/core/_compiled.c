@@ -600,6 +600,17 @@ mask_at(const KeyTable *t, size_t i)
     return whole;
 }
 
+/* The dict beside the slots goes once it is empty: the Matcher, and every fast path that
+   declines while there is one, serve again (masks past 64 workers came and went, a tiered
+   block was removed). */
+static void
+drop_if_empty(KeyTable *t)
+{
+    if (t->high != NULL && PyDict_GET_SIZE(t->high) == 0) {
+        Py_CLEAR(t->high);
+    }
+}
+
 static int
 table_set(KeyTable *t, PyObject *key_obj, PyObject *value)
 {
@@ -657,6 +668,7 @@ table_set(KeyTable *t, PyObject *key_obj, PyObject *value)
     if (failed) {
         return -1;
     }
+    drop_if_empty(t);
     if (t->slots[i].key == EMPTY) {
         t->slots[i].key = key;
         t->used++;
@@ -688,6 +700,7 @@ table_delete(KeyTable *t, PyObject *key_obj)
         }
         PyErr_Clear();
     }
+    drop_if_empty(t);
     return 0;
 }
 
@@ -1401,6 +1414,7 @@ other_delete(KeyTable *t, PyObject *key, int must)
     int deleted = PyDict_DelItem(high, key);
     Py_DECREF(high);
     if (deleted == 0) {
+        drop_if_empty(t);
         return 0;
     }
     if (!must && PyErr_ExceptionMatches(PyExc_KeyError)) {
