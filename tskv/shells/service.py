@@ -283,7 +283,8 @@ class IndexerApp:
             status, payload = await route[1](data)
         except ApiError as exc:
             status, payload = exc.status, {"error": str(exc)}
-        self.service.metrics.served(path, status)
+        known = path in self._routes or path == "/metrics"  # a label per unknown path would grow
+        self.service.metrics.served(path if known else "other", status)
         body = b"" if payload is None else msgspec.json.encode(payload)
         await _respond(send, status, body, b"application/json")
 
