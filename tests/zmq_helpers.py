@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import trio
 import trio.testing
@@ -116,6 +116,17 @@ def free_loopback_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+@contextmanager
+def refusing_endpoint() -> Iterator[str]:
+    """A loopback tcp endpoint that refuses every connection for as long as it is held: a
+    socket bound there that never listens. A port merely freed can be taken by another process,
+    or be picked as the connecting socket's own source port (TCP's self-connect), and either
+    answers the connection."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield f"tcp://127.0.0.1:{holder.getsockname()[1]}"
 
 
 async def publish_parts(publisher: Publisher, parts: int) -> None:

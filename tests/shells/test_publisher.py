@@ -18,6 +18,7 @@ from tests.zmq_helpers import (
     inproc_name,
     raw_socket,
     receive_batch,
+    refusing_endpoint,
     request_replay,
     subscribed,
 )
@@ -531,9 +532,7 @@ async def test_a_publisher_that_connects_out_says_so_when_no_subscriber_binds(
     from tskv.shells import publisher as publisher_module
 
     monkeypatch.setattr(publisher_module, "UNANSWERED_AFTER", 0.2)
-    async with raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as taken:
-        free = taken.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-    with caplog.at_level(logging.INFO, logger="tskv"):
+    with refusing_endpoint() as free, caplog.at_level(logging.INFO, logger="tskv"):
         async with tskv.open_publisher(KVEventsConfig(endpoint=free)):
             with trio.fail_after(10):
                 while "no subscriber has answered" not in caplog.text:  # noqa: ASYNC110

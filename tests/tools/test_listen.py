@@ -18,7 +18,13 @@ import zmq
 
 import tskv
 from tests.processes import killed_after
-from tests.zmq_helpers import LOOPBACK, inproc_name, next_subscription, raw_socket
+from tests.zmq_helpers import (
+    LOOPBACK,
+    inproc_name,
+    next_subscription,
+    raw_socket,
+    refusing_endpoint,
+)
 from tskv import BlockRemoved, BlockStored, KVEventBatch, KVEventsConfig, ZmqEventPublisher
 from tskv._cli.listen import format_batch, listen
 from tskv.core.frames import live_message
@@ -241,10 +247,8 @@ def test_listen_problems_are_one_line_naming_the_fix_with_status_2(tmp_path: Pat
 async def test_a_publisher_that_never_answers_is_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async with raw_socket(zmq.ROUTER, LOOPBACK, bind=True) as taken:
-        free = taken.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-    # Nobody listens there any more: the subscriber retries silently, as ZeroMQ does.
-    with caplog.at_level(logging.WARNING, logger="tskv"):
+    # Every connection is refused there: the subscriber retries silently, as ZeroMQ does.
+    with refusing_endpoint() as free, caplog.at_level(logging.WARNING, logger="tskv"):
         async with tskv.open_subscriber(free, warn_unanswered_after=0.2):
             with trio.fail_after(10):
                 while "no publisher has answered" not in caplog.text:  # noqa: ASYNC110
