@@ -382,3 +382,14 @@ def test_an_index_that_records_its_changes_sends_its_queries_to_the_mirror() -> 
         source.match([5, 5])
     with pytest.raises(RuntimeError, match=r"record_changes=True.*apply_changes"):
         source.predict("w", [5, 5], ttl=1.0)
+
+
+def test_blocks_are_counted_by_the_medium_their_events_name() -> None:
+    index = PrefixIndex(4)
+    index.apply("w", KVEventBatch(0.0, [BlockStored([1, 2], None, list(range(8)), 4)]))
+    assert index.blocks_by_medium("w") == {None: 2}
+    index.apply("w", KVEventBatch(0.0, [BlockStored([1], None, list(range(4)), 4, medium="CPU")]))
+    assert index.blocks_by_medium("w") == {None: 2, "CPU": 1}  # one block, in two media
+    index.apply("w", KVEventBatch(0.0, [BlockRemoved([1, 2])]))
+    assert index.blocks_by_medium("w") == {"CPU": 1}
+    assert index.blocks_by_medium("nobody") == {}

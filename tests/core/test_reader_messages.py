@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tskv.core.applied import BOUNDS, AppliedFigures
 from tskv.core.errors import TskvError
 from tskv.core.losses import Loss, LossReason
 from tskv.core.reader_messages import (
@@ -57,14 +58,28 @@ reports = st.builds(
     st.none() | st.tuples(names, st.floats(0, 100)),
     tier_ops,
     st.integers(0, 64),
+    st.dictionaries(st.none() | names, st.integers(0, 10**6), max_size=3),
 )
 items = st.one_of(
     reports,
     st.builds(LogLine, names, st.integers(0, 50), names),
     st.builds(Hashes, st.integers(0, 10**6), st.lists(st.integers(0, 2**64 - 1), max_size=5)),
 )
+counts = st.integers(0, 10**6)
+applied = st.builds(
+    AppliedFigures,
+    st.tuples(*[counts] * len(BOUNDS)),
+    counts,
+    st.floats(0, 1e6),
+    st.dictionaries(names, counts, max_size=3),
+)
 all_news = st.builds(
-    News, st.floats(0, 1e6), st.lists(items, max_size=5), st.integers(0, 99), st.integers(0, 99)
+    News,
+    st.floats(0, 1e6),
+    st.lists(items, max_size=5),
+    st.integers(0, 99),
+    st.integers(0, 99),
+    applied,
 )
 settings = st.dictionaries(
     names, st.none() | st.integers(0, 2**63) | names | st.booleans(), max_size=3
@@ -109,8 +124,17 @@ def report_with(**fields: object) -> list[object]:
         "failure": None,
         "ops": [],
         "lookahead": 0,
+        "blocks": [],
     }
     return ["report", *{**plain, **fields}.values()]
+
+
+APPLIED = [[0] * len(BOUNDS), 0, 0.0, []]
+
+
+def news_of(*items: object, applied: object = APPLIED) -> list[object]:
+    """A frame's news as the pipe carries it."""
+    return ["news", 1.0, list(items), 0, 0, applied]
 
 
 def raw_frame(value: object) -> bytes:
@@ -125,32 +149,36 @@ def raw_frame(value: object) -> bytes:
         (["unknown", 1, 2], "a known message"),
         ("not an array", "a tagged array"),
         (["unfollow", "one"], "unfollow's slot"),
-        (["news", 1.0, [report_with(figures=[0] * 6)], 0, 0], "figures of 7"),
-        (["news", 1.0, [report_with(figures=[0, 0, 0, None, None, 1, 0])], 0, 0], "silent and"),
+        (news_of(report_with(figures=[0] * 6)), "figures of 7"),
+        (news_of(report_with(figures=[0, 0, 0, None, None, 1, 0])), "silent and"),
         (
-            ["news", 1.0, [report_with(figures=[True, 0, 0, None, None, False, False])], 0, 0],
+            news_of(report_with(figures=[True, 0, 0, None, None, False, False])),
             "counts",
         ),
         (
-            ["news", 1.0, [report_with(figures=[0, -1, 0, None, None, False, False])], 0, 0],
+            news_of(report_with(figures=[0, -1, 0, None, None, False, False])),
             "counts",
         ),
         (
-            ["news", 1.0, [report_with(figures=[0, 0, 0, 5, None, False, False])], 0, 0],
+            news_of(report_with(figures=[0, 0, 0, 5, None, False, False])),
             "last_error",
         ),
         (
-            ["news", 1.0, [report_with(figures=[0, 0, 0, None, 1.5, False, False])], 0, 0],
+            news_of(report_with(figures=[0, 0, 0, None, 1.5, False, False])),
             "last_seq",
         ),
-        (["news", 1.0, [report_with(slot=True)], 0, 0], "report's slot"),
-        (["news", 1.0, [report_with(lookahead=-1)], 0, 0], "lookahead"),
-        (["news", 1.0, [report_with(losses={})], 0, 0], "losses"),
-        (["news", 1.0, [report_with(changes=[[1], 2])], 0, 0], "changes as runs of 8-byte keys"),
-        (["news", 1.0, [report_with(changes=[bytes(7)])], 0, 0], "changes as runs of 8-byte keys"),
-        (["news", 1.0, [report_with(ops=[1])], 0, 0], "ops"),
-        (["news", 1.0, [report_with(losses=[[0, 0, "gone", None]])], 0, 0], "no loss reason"),
-        (["news", 1.0, [["unfollow", 1]], 0, 0], "news items"),
+        (news_of(report_with(slot=True)), "report's slot"),
+        (news_of(report_with(lookahead=-1)), "lookahead"),
+        (news_of(report_with(losses={})), "losses"),
+        (news_of(report_with(changes=[[1], 2])), "changes as runs of 8-byte keys"),
+        (news_of(report_with(changes=[bytes(7)])), "changes as runs of 8-byte keys"),
+        (news_of(report_with(ops=[1])), "ops"),
+        (news_of(report_with(losses=[[0, 0, "gone", None]])), "no loss reason"),
+        (news_of(["unfollow", 1]), "news items"),
+        (news_of(report_with(blocks=[["GPU", -1]])), "report's blocks by medium"),
+        (news_of(report_with(blocks=[[7, 1]])), "report's blocks by medium"),
+        (news_of(applied=[[0] * 3, 0, 0.0, []]), "applied figures"),
+        (news_of(applied=[[0] * len(BOUNDS), 0, 0.0, [["BlockStored", "1"]]]), "applied figures"),
     ],
 )
 def test_a_message_that_is_not_one_of_these_is_refused_naming_what(

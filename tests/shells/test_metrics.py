@@ -9,7 +9,7 @@ import trio.testing
 
 import tskv
 from tests.zmq_helpers import LOOPBACK
-from tskv import BlockStored
+from tskv import BlockRemoved, BlockStored
 from tskv.testing import ScriptedPublisher
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="needs the serve extra")
@@ -21,31 +21,43 @@ def scraped(registry: object) -> list[str]:
     return prometheus_client.generate_latest(registry).decode().splitlines()  # type: ignore[no-any-return]
 
 
-async def test_a_publisher_and_a_watcher_are_scraped_with_what_they_counted() -> None:
+@pytest.mark.parametrize("processes", [0, 1], ids=["in-process", "reader-process"])
+async def test_a_publisher_and_a_watcher_are_scraped_with_what_they_counted(
+    processes: int,
+) -> None:
+    """A reader process's batches, events and blocks are counted as the watcher's own are."""
     registry = prometheus_client.CollectorRegistry()
-    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    wire = {"wire_format": "vllm"}  # it carries a block's medium
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, **wire)
     index = tskv.PrefixIndex(4)
     async with tskv.open_publisher(config) as publisher:
         registry.register(PublisherCollector(publisher, {"engine": "e0"}))
         for n in range(3):
             await publisher.publish([BlockStored([n], None, [n] * 4, 4)])
-        async with tskv.open_watcher(index) as watcher:
+        async with tskv.open_watcher(index, processes=processes) as watcher:
             registry.register(WatcherCollector(lambda: [({"model": "m"}, watcher)]))
             watcher.add("w", publisher.endpoint, publisher.replay_endpoint)
-            with trio.fail_after(10):
+            with trio.fail_after(20):
                 await watcher.wait_for_seq("w", 2)  # from its snapshot
-                await publisher.publish([BlockStored([3], 2, [3] * 4, 4)])
+                await publisher.publish(
+                    [BlockStored([3], 2, [3] * 4, 4), BlockRemoved([1]), BlockRemoved([0])]
+                )
                 await watcher.wait_for_seq("w", 3)  # live, applied as it came
+                await publisher.publish([BlockStored([9], None, [9] * 4, 4, medium="CPU")])
+                await watcher.wait_for_seq("w", 4)
             lines = scraped(registry)
-    assert 'tskv_publisher_published_total{engine="e0"} 4.0' in lines
-    assert 'tskv_publisher_cached_blocks{engine="e0"} 4.0' in lines
+    assert 'tskv_publisher_published_total{engine="e0"} 5.0' in lines
+    assert 'tskv_publisher_cached_blocks{engine="e0"} 3.0' in lines
     assert 'tskv_replay_requests_total{engine="e0",type="snapshot"} 1.0' in lines  # the bootstrap
-    assert 'tskv_replay_requests_total{engine="e0",type="describe"} 1.0' in lines  # at `add`
+    assert 'tskv_replay_requests_total{engine="e0",type="describe"} 1.0' in lines  # at `add`, once
     assert 'tskv_worker_stale{model="m",worker="w"} 0.0' in lines
-    assert 'tskv_worker_last_seq{model="m",worker="w"} 3.0' in lines
-    assert 'tskv_worker_blocks{model="m",worker="w"} 4.0' in lines
-    assert 'tskv_event_lag_seconds_count{model="m"} 1.0' in lines  # the snapshot is no batch
-    assert 'tskv_event_lag_seconds_bucket{le="+Inf",model="m"} 1.0' in lines
+    assert 'tskv_worker_last_seq{model="m",worker="w"} 4.0' in lines
+    assert 'tskv_worker_blocks{medium="unnamed",model="m",worker="w"} 2.0' in lines
+    assert 'tskv_worker_blocks{medium="CPU",model="m",worker="w"} 1.0' in lines
+    assert 'tskv_events_applied_total{model="m",type="BlockStored"} 2.0' in lines
+    assert 'tskv_events_applied_total{model="m",type="BlockRemoved"} 2.0' in lines
+    assert 'tskv_event_lag_seconds_count{model="m"} 2.0' in lines  # the snapshot is no batch
+    assert 'tskv_event_lag_seconds_bucket{le="+Inf",model="m"} 2.0' in lines
 
 
 async def test_losses_are_counted_by_reason_as_the_watcher_reports_them(

@@ -92,6 +92,9 @@ class Bits:
 
 
 class WorkerBlocks:
+    """One worker's blocks as the holdings keep them: its bit in the keys' masks, its blocks by
+    engine hash, and what a plain worker needs no more of until it turns hybrid."""
+
     __slots__ = (
         "bit",
         "blocks",
@@ -119,6 +122,19 @@ class WorkerBlocks:
         # key -> how many more of this worker's blocks have it, beyond the first (rare: a block
         # in two tiers). The worker's bit in the key's mask stands for the first.
         self.extra_refs: dict[int, int] = {}
+
+    def by_medium(self) -> dict[str | None, int] | None:
+        """How many blocks it holds in each storage medium (None where a reader keeps them)."""
+        if self.mirrored:
+            return None
+        if self.hybrid is None:
+            medium = None if self.tier is None else self.tier[0]
+            return {medium: len(self.blocks)} if self.blocks else {}
+        held: dict[str | None, int] = {}
+        for (medium, _), keys in self.hybrid.tiers.items():
+            if keys:
+                held[medium] = held.get(medium, 0) + len(keys)
+        return held
 
 
 def note_run(

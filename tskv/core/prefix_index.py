@@ -562,13 +562,11 @@ class PrefixIndex:
             )
         return {block if isinstance(block, int) else block[-1] for block in view.blocks}
 
-    def blocks_held(self, worker: Worker) -> int | None:
-        """How many blocks `worker` holds, every group and tier counted (None where a reader
-        process keeps them: its figures are the reader's)."""
+    def blocks_by_medium(self, worker: Worker) -> dict[str | None, int] | None:
+        """How many blocks `worker` holds in each storage medium (None: the event named none),
+        its groups' copies counted apart (None where a reader process keeps them)."""
         view = self._holdings.views.get(worker)
-        if view is None:
-            return 0
-        return None if view.mirrored else len(view.blocks)
+        return {} if view is None else view.by_medium()
 
     def __len__(self) -> int:
         """Distinct blocks (by content) held by any worker (0 in an index made with

@@ -27,6 +27,7 @@ import msgpack
 
 from tskv.core import compiled
 from tskv.core._msgspec import msgspec
+from tskv.core.applied import BOUNDS, AppliedFigures
 from tskv.core.errors import TskvError
 from tskv.core.holdings import run_keys
 from tskv.core.hybrid import Op
@@ -91,6 +92,7 @@ class Report:
     failure: tuple[str, float] | None = None
     ops: list[Op] = attrs.Factory(list)
     lookahead: int = 0
+    blocks: dict[str | None, int] = attrs.Factory(dict)  # held by storage medium, as it is now
 
 
 @attrs.frozen
@@ -118,6 +120,7 @@ class News:
     items: list[Report | LogLine | Hashes]
     dropped_losses: int = 0
     dropped_logs: int = 0
+    applied: AppliedFigures = attrs.Factory(AppliedFigures)  # since the reader started
 
 
 Command = Follow | Unfollow | AskHashes
@@ -154,13 +157,18 @@ def _plain(message: Command | News | Report | LogLine | Hashes) -> tuple[Any, ..
             message.failure,
             message.ops,
             message.lookahead,
+            list(message.blocks.items()),
         )
     if isinstance(message, LogLine):
         return ("log", message.name, message.level, message.text)
     if isinstance(message, Hashes):
         return ("hashes", message.question, message.hashes)
     items = [_plain(item) for item in message.items]
-    return ("news", message.cpu_seconds, items, message.dropped_losses, message.dropped_logs)
+    applied = message.applied
+    events = list(applied.events.items())
+    figures = (list(applied.counts), applied.over, applied.total, events)
+    dropped = message.dropped_losses, message.dropped_logs
+    return ("news", message.cpu_seconds, items, *dropped, figures)
 
 
 def _pack_keys(keys: Sequence[int]) -> bytes:
@@ -237,16 +245,16 @@ _SHAPES = {
     "follow": 5,
     "unfollow": 2,
     "ask_hashes": 3,
-    "report": 9,
+    "report": 10,
     "log": 4,
     "hashes": 3,
-    "news": 5,
+    "news": 6,
 }
 _REPORT_FIELDS = _SHAPES["report"]
 
 
 def _report_in(value: Any) -> Report:
-    _, slot, figures, changes, strings, losses, failure, ops, lookahead = value
+    _, slot, figures, changes, strings, losses, failure, ops, lookahead, blocks = value
     if not (
         type(slot) is int
         and type(strings) is bool
@@ -273,8 +281,52 @@ def _report_in(value: Any) -> Report:
         )
         failure = (failure[0], float(failure[1]))
     return Report(
-        slot, _figures_in(figures), _changes_in(changes), strings, losses, failure, ops, lookahead
+        slot,
+        _figures_in(figures),
+        _changes_in(changes),
+        strings,
+        losses,
+        failure,
+        ops,
+        lookahead,
+        _counts_in(blocks, "report's blocks by medium", str),
     )
+
+
+def _counts_in(value: Any, what: str, name: type) -> dict[Any, int]:
+    """[[name, count], ...] as a dict: each name of type `name` (or None), each count an int
+    of 0 or more."""
+    _check(type(value) is list, what, value)
+    counts = {}
+    for pair in value:
+        _check(
+            type(pair) is list
+            and len(pair) == 2
+            and (pair[0] is None or isinstance(pair[0], name))
+            and _int(pair[1])
+            and pair[1] >= 0,
+            what,
+            value,
+        )
+        counts[pair[0]] = pair[1]
+    return counts
+
+
+def _applied_in(value: Any) -> AppliedFigures:
+    what = "applied figures: counts by bound, over, total seconds, events by kind"
+    _check(type(value) is list and len(value) == 4, what, value)
+    counts, over, total, events = value
+    _check(
+        type(counts) is list
+        and len(counts) == len(BOUNDS)
+        and all([_int(count) and count >= 0 for count in counts])
+        and _int(over)
+        and over >= 0
+        and isinstance(total, (int, float)),
+        what,
+        value,
+    )
+    return AppliedFigures(tuple(counts), over, float(total), _counts_in(events, what, str))
 
 
 def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
@@ -302,7 +354,7 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
     if kind == "hashes":
         _check(_int(value[1]) and isinstance(value[2], list), "hashes' answer", value)
         return Hashes(value[1], value[2])
-    _, cpu, items, dropped_losses, dropped_logs = value
+    _, cpu, items, dropped_losses, dropped_logs, applied = value
     _check(isinstance(cpu, (int, float)) and isinstance(items, list), "news", value)
     _check(_int(dropped_losses) and _int(dropped_logs), "news' dropped counts", value)
     parsed: list[Report | LogLine | Hashes] = []
@@ -314,7 +366,7 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
         if not isinstance(message, (Report, LogLine, Hashes)):
             raise _refused("news items", items)
         parsed.append(message)
-    return News(float(cpu), parsed, dropped_losses, dropped_logs)
+    return News(float(cpu), parsed, dropped_losses, dropped_logs, _applied_in(applied))
 
 
 # -- frames on the pipe ------------------------------------------------------------------------

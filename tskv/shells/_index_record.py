@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from tskv.core.applied import Applied
 from tskv.core.events import KVEventBatch
-from tskv.core.lag import Lag
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.read_batch import ReadBatch
@@ -64,7 +64,7 @@ class IndexRecord:
         self._roster = roster
         self._on_loss = on_loss
         self._listener = listener
-        self.lag = Lag()  # of every batch applied here, from its timestamp
+        self.applied_so_far = Applied()  # every batch applied here: how late, its events' kinds
 
     def watching(self, worker: Worker) -> bool:
         return worker in self._roster
@@ -96,7 +96,7 @@ class IndexRecord:
         if watched is None:
             return  # removed while this batch was on its way
         self.index.apply(worker, batch)  # an AllBlocksCleared in it makes the view whole
-        self.lag.observe(time.time() - batch.ts)
+        self.applied_so_far.observe(batch, time.time())
         self._delivered(worker, watched, seq)
         self._note(worker, watched, batch=True)
 

@@ -26,10 +26,12 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import attrs
 import trio
 
+from tskv.core.applied import AppliedFigures
 from tskv.core.config import SubscriberConfig
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import PrefixIndex, Worker
@@ -98,6 +100,8 @@ class Outbox:
         self._dropped_logs = 0
         self._has_news = trio.lowlevel.ParkingLot()
         self._has_room = trio.lowlevel.ParkingLot()
+        # what this process applied so far, sent with each frame: its watcher's, once made
+        self.applied: Callable[[], AppliedFigures] = AppliedFigures
 
     async def room(self) -> None:
         while not self.has_room():
@@ -160,9 +164,11 @@ class Outbox:
         losses: list[Loss],
         failure: tuple[str, float] | None,
     ) -> Report:
-        runs, ops = self._index.take_changes(slot)
-        strings, lookahead = self._index.seen_strings, self._index.lookahead(slot)
-        return Report(slot, figures, runs, strings, losses, failure, ops, lookahead)
+        index = self._index
+        runs, ops = index.take_changes(slot)
+        strings, lookahead = index.seen_strings, index.lookahead(slot)
+        blocks = index.blocks_by_medium(slot) or {}
+        return Report(slot, figures, runs, strings, losses, failure, ops, lookahead, blocks)
 
     def log(self, record: logging.LogRecord) -> None:
         if len(self._logs) < MAX_LOGS:
@@ -222,7 +228,8 @@ class Outbox:
         ]
         self._open = {}
         items: list[Report | LogLine | Hashes] = [*reports, *self._logs, *self._answers]
-        made = News(time.process_time(), items, self._dropped_losses, self._dropped_logs)
+        dropped = self._dropped_losses, self._dropped_logs
+        made = News(time.process_time(), items, *dropped, self.applied())
         self._sealed, self._logs, self._answers = [], [], []
         self._batches = self._losses = self._dropped_losses = self._dropped_logs = 0
         self._due = False
@@ -255,6 +262,7 @@ async def _serve(block_size: int, at_once: int, level: int, stdin: int, stdout: 
         ) as watcher,
         trio.open_nursery() as nursery,
     ):
+        outbox.applied = lambda: watcher.applied
         nursery.start_soon(outbox.send_all, trio.lowlevel.FdStream(stdout))
         pipe, reader = trio.lowlevel.FdStream(stdin), FrameReader()
         while chunk := await pipe.receive_some(1 << 20):

@@ -31,6 +31,8 @@ class ReaderMirror:
         self._on_loss = on_loss
         # the counts of each worker's reader processes that ended, added to the current one's
         self._earlier: dict[Worker, WorkerFigures] = {}
+        # the blocks each worker holds by storage medium, as its reader last said
+        self.blocks: dict[Worker, dict[str | None, int]] = {}
 
     def report(self, worker: Worker, report: Report) -> None:
         watched = self._roster.get(worker)
@@ -41,6 +43,7 @@ class ReaderMirror:
             worker, report.changes, report.ops, strings=report.strings, lookahead=report.lookahead
         )
         index.carry_out(worker, index.worker_view(worker).marked(report.figures.stale))
+        self.blocks[worker] = report.blocks
         earlier = self._earlier.get(worker)
         watched.update(report.figures if earlier is None else report.figures.plus(earlier))
         if self._on_loss is not None:
@@ -55,6 +58,7 @@ class ReaderMirror:
         workers = [worker for worker in workers if worker in self._roster]
         self.index.clear_workers(workers)
         for worker in workers:
+            self.blocks.pop(worker, None)
             watched = self._roster[worker]
             self.index.carry_out(worker, self.index.worker_view(worker).resubscribed())
             figures = watched.figures
@@ -70,3 +74,4 @@ class ReaderMirror:
     def forget(self, worker: Worker) -> None:
         """The worker is no longer watched."""
         self._earlier.pop(worker, None)
+        self.blocks.pop(worker, None)

@@ -20,6 +20,7 @@ import attrs
 import trio
 
 import tskv
+from tskv.core.applied import AppliedFigures
 from tskv.core.backoff import Backoff
 from tskv.core.errors import TskvError
 from tskv.core.prefix_index import Worker
@@ -84,6 +85,8 @@ class Reader:
         self._asked = 0
         self.pid: int | None = None
         self.cpu_seconds = 0.0
+        self._applied = AppliedFigures()  # what the running process applied, as it last said
+        self._applied_before = AppliedFigures()  # what the processes that ended applied
         self.restarts = 0
         self.dropped_losses = 0
         self.dropped_logs = 0
@@ -97,6 +100,10 @@ class Reader:
             self.dropped_losses,
             self.dropped_logs,
         )
+
+    def applied(self) -> AppliedFigures:
+        """What this reader's processes applied, the ended ones' included."""
+        return self._applied_before.plus(self._applied)
 
     def add(self, worker: Worker, follow: Follow) -> None:
         self.wanted[follow.slot] = (worker, follow)
@@ -133,6 +140,8 @@ class Reader:
             await self._run_once(task_status)
             task_status = trio.TASK_STATUS_IGNORED
             self.restarts += 1
+            self._applied_before = self.applied()
+            self._applied = AppliedFigures()
             if trio.current_time() - began > RESTART_BACKOFF[1]:
                 backoff.reset()  # it had been running well
             wait = backoff.next()
@@ -200,6 +209,7 @@ class Reader:
 
     async def _take(self, frame_news: News, pacer: Pacer) -> None:
         self.cpu_seconds = frame_news.cpu_seconds
+        self._applied = frame_news.applied
         self._note_dropped(frame_news)
         for item in frame_news.items:
             if pacer.due():

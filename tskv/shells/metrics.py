@@ -29,7 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from tskv.core.lag import BOUNDS
+from tskv.core.applied import BOUNDS, AppliedFigures
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import Worker
 from tskv.shells.publisher import Publisher
@@ -46,49 +46,40 @@ def worker_label(worker: Worker) -> str:
 
 
 class WatcherCollector(Collector):
-    """Each watched worker's figures: batches applied, losses, failures, stale, silent, the
-    last seq applied, blocks held (where the watcher's own process keeps them). `watchers`
-    gives the watchers to read, each with labels of its own (tskv serve's: its index's model
-    and routing group)."""
+    """Each watched worker's figures (batches applied, losses, failures, stale, silent, the
+    last seq applied, blocks held by storage medium) and each watcher's (events applied by
+    kind, the lag of its batches), its reader processes' included. `watchers` gives the
+    watchers to read, each with labels of its own (tskv serve's: its index's model and
+    routing group)."""
 
     def __init__(self, watchers: Labelled) -> None:
         self._watchers = watchers
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
-        lag: HistogramMetricFamily | None = None
+        families: _Families | None = None
         for labels, watcher in self._watchers():
-            names = [*labels, "worker"]
-            if not families:
-                families = _worker_families(names)
-                text = "Time from a batch's timestamp to its being applied to the index"
-                lag = HistogramMetricFamily("tskv_event_lag_seconds", text, labels=list(labels))
-            assert lag is not None
-            figures = watcher.lag
-            cumulative, buckets = 0, []
-            for bound, count in zip(BOUNDS, figures.counts, strict=True):
-                cumulative += count
-                buckets.append((repr(bound), cumulative))
-            buckets.append(("+Inf", figures.batches))
-            lag.add_metric(list(labels.values()), buckets, figures.total)
+            if families is None:
+                families = _Families(list(labels))
+            families.add_applied(list(labels.values()), watcher.applied)
             for worker in watcher.workers:
                 status = watcher.status(worker)
                 values = [*labels.values(), worker_label(worker)]
-                families["batches"].add_metric(values, status.batches)
-                families["losses"].add_metric(values, status.losses)
-                families["failures"].add_metric(values, status.failures)
-                families["stale"].add_metric(values, float(status.stale))
-                families["silent"].add_metric(values, float(status.silent))
+                figures = families.worker
+                figures["batches"].add_metric(values, status.batches)
+                figures["losses"].add_metric(values, status.losses)
+                figures["failures"].add_metric(values, status.failures)
+                figures["stale"].add_metric(values, float(status.stale))
+                figures["silent"].add_metric(values, float(status.silent))
                 if status.last_seq is not None:
-                    families["last_seq"].add_metric(values, status.last_seq)
-                blocks = watcher.index.blocks_held(worker)
-                if blocks is not None:  # a reader process keeps them
-                    families["blocks"].add_metric(values, blocks)
-        yield from families.values()
-        if lag is not None:
-            yield lag
+                    figures["last_seq"].add_metric(values, status.last_seq)
+                for medium, held in watcher.blocks_by_medium(worker).items():
+                    families.blocks.add_metric([*values, medium or UNNAMED_MEDIUM], held)
+        if families is not None:
+            yield from families.worker.values()
+            yield from (families.blocks, families.events, families.lag)
 
 
+UNNAMED_MEDIUM = "unnamed"  # the medium label of blocks whose events name none (the device's)
 WORKER_FIGURES = (  # key, counter (else a gauge), name, what it counts
     ("batches", True, "tskv_worker_batches", "Batches applied to the index"),
     ("losses", True, "tskv_worker_losses", "Losses reported, restarts included"),
@@ -96,15 +87,35 @@ WORKER_FIGURES = (  # key, counter (else a gauge), name, what it counts
     ("stale", False, "tskv_worker_stale", "1 while the index cannot vouch for the view"),
     ("silent", False, "tskv_worker_silent", "1 while the worker's publisher does not answer"),
     ("last_seq", False, "tskv_worker_last_seq", "The last seq applied from the stream"),
-    ("blocks", False, "tskv_worker_blocks", "Blocks the index holds for the worker"),
 )
 
 
-def _worker_families(labels: list[str]) -> dict[str, CounterMetricFamily | GaugeMetricFamily]:
-    return {
-        key: (CounterMetricFamily if counter else GaugeMetricFamily)(name, text, labels=labels)
-        for key, counter, name, text in WORKER_FIGURES
-    }
+class _Families:
+    """One scrape's families, each labelled with the watcher's labels and, where it is a
+    worker's figure, `worker`."""
+
+    def __init__(self, labels: list[str]) -> None:
+        worker = [*labels, "worker"]
+        self.worker: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            key: (CounterMetricFamily if counter else GaugeMetricFamily)(name, text, labels=worker)
+            for key, counter, name, text in WORKER_FIGURES
+        }
+        text = "Blocks the index holds for the worker, by storage medium (as its events name it)"
+        self.blocks = GaugeMetricFamily("tskv_worker_blocks", text, labels=[*worker, "medium"])
+        text = "Events applied to the index, by kind (the event's class name)"
+        self.events = CounterMetricFamily("tskv_events_applied", text, labels=[*labels, "type"])
+        text = "Time from a batch's timestamp to its being applied to the index"
+        self.lag = HistogramMetricFamily("tskv_event_lag_seconds", text, labels=labels)
+
+    def add_applied(self, values: list[str], figures: AppliedFigures) -> None:
+        cumulative, buckets = 0, []
+        for bound, count in zip(BOUNDS, figures.counts, strict=True):
+            cumulative += count
+            buckets.append((repr(bound), cumulative))
+        buckets.append(("+Inf", figures.batches))
+        self.lag.add_metric(values, buckets, figures.total)
+        for kind, count in sorted(figures.events.items()):
+            self.events.add_metric([*values, kind], count)
 
 
 class LossCounter:

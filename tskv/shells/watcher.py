@@ -26,11 +26,11 @@ import trio
 import zmq
 
 from tskv.core._checks import int_at_least
+from tskv.core.applied import AppliedFigures
 from tskv.core.config import SubscriberConfig
 from tskv.core.descriptor import Descriptor, mismatch
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import ConfigError, TskvError, TskvLookupError, TskvTypeError
-from tskv.core.lag import LagFigures
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.reader_messages import Follow
@@ -92,6 +92,9 @@ class Watcher(metaclass=NoPublicConstructor):
         self._slots = 0  # how a reader process names a worker: its `add`'s number
         self._bootstraps = Bootstraps(snapshots_at_once)
         self._pump: LivePump | None = None  # reads the live sockets of the workers here
+        # a reader process's watcher (its record has a listener) leaves asking what each
+        # publisher is to the index's process, which acts on the answer
+        self._describes = listener is None
 
     def add(
         self,
@@ -128,7 +131,7 @@ class Watcher(metaclass=NoPublicConstructor):
             reader.add(worker, Follow(watched.slot, endpoint, replay_endpoint, settings))
         else:
             self._nursery.start_soon(self._follow_here, worker, watched)
-        if replay_endpoint is not None:
+        if replay_endpoint is not None and self._describes:
             self._nursery.start_soon(self._describe, worker, watched)
         else:
             watched.described.set()  # nowhere to ask
@@ -175,10 +178,19 @@ class Watcher(metaclass=NoPublicConstructor):
             self._on_status(worker, self.status(worker))
 
     @property
-    def lag(self) -> LagFigures:
-        """How late the batches applied in this process were, from their timestamps: a
-        histogram (`tskv.core.lag`). Batches a reader process applies are its own."""
-        return self._record.lag.figures()
+    def applied(self) -> AppliedFigures:
+        """What was applied to the index, by this process and its reader processes: how late
+        each batch was from its timestamp (a histogram), and the events by kind."""
+        figures = self._record.applied_so_far.figures()
+        for reader in self._readers:
+            figures = figures.plus(reader.applied())
+        return figures
+
+    def blocks_by_medium(self, worker: Worker) -> dict[str | None, int]:
+        """How many blocks `worker` holds in each storage medium (None: the event named
+        none), as the index or, with reader processes, its reader says."""
+        held = self.index.blocks_by_medium(worker)
+        return self._mirror.blocks.get(worker, {}) if held is None else held
 
     @property
     def workers(self) -> list[Worker]:
