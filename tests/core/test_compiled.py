@@ -22,10 +22,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tskv.core import block_keys, compiled, filing
 from tskv.core.block_keys import chain_in_python, root_key
-from tskv.core.events import BlockStored
+from tskv.core.events import BlockStored, KVEventBatch
 from tskv.core.filing import run_keys
 from tskv.core.holdings import ABSENT, Bits
-from tskv.core.prefix_index import PLAIN_ROOT, Match, _walk, counts_of
+from tskv.core.prefix_index import PLAIN_ROOT, Match, PrefixIndex, _walk, counts_of
 
 _compiled = pytest.importorskip("tskv.core._compiled", reason="the compiled core is not built here")
 HOME = Path(__file__).resolve().parents[2]
@@ -51,9 +51,26 @@ def outcome(call: Any, *args: Any) -> Any:
         return type(exc)
 
 
+def hashed_in_c(content: Any, depth: int = 0) -> bool:
+    """Whether the compiled core hashes `content` itself: an exact int, or an exact tuple of
+    such (nested at most 8 deep). Anything else may hash in Python code: it declines it."""
+    if type(content) is tuple:
+        return depth < 8 and all(hashed_in_c(item, depth + 1) for item in content)
+    return type(content) is int
+
+
 @given(st.one_of(st.none(), hashes), st.lists(contents, max_size=12))
-def test_chain_gives_the_reference_keys(root: int | None, blocks: list[Any]) -> None:
-    assert _compiled.chain(root, blocks) == chain_in_python(root, blocks)
+def test_chain_gives_the_reference_keys_or_leaves_them_to_python(
+    root: int | None, blocks: list[Any]
+) -> None:
+    reference = chain_in_python(root, blocks)
+    made = _compiled.chain(root, blocks)
+    reachable = blocks[: next((n for n, key in enumerate(reference) if key is None), len(blocks))]
+    if made is None:  # declined: only for a content it reaches and may not hash in C
+        assert not all(hashed_in_c(content) for content in reachable)
+    else:
+        assert made == reference
+    assert block_keys.chain(root, blocks) == reference  # what the index calls: either way
 
 
 @st.composite
@@ -148,28 +165,35 @@ def test_walk_gives_the_reference_walk(case: tuple[Any, ...], keep_keys: bool) -
     compiled_keys: list[int] | None = [] if keep_keys else None
     python_keys: list[int] | None = [] if keep_keys else None
     walked = _compiled.walk(real, predicted, root, request, size, compiled_keys)
-    assert walked == _walk((real, predicted), root, (request, None, None), size, 0, python_keys)
-    assert compiled_keys == python_keys
+    reference = _walk((real, predicted), root, (request, None, None), size, 0, python_keys)
     table = _compiled.KeyTable()  # the table's own walk, where its masks fit 64 bits
     table.update(real)
-    assert _compiled.walk(table, predicted, root, request, size, None) == walked
+    on_table = _compiled.walk(table, predicted, root, request, size, None)
+    if walked is None:  # declined: only where it would hash a token id that is no exact int
+        assert not ints_only(request[: len(request) // size * size])
+        assert on_table is None
+        return
+    assert walked == reference and compiled_keys == python_keys
+    assert on_table == walked
+
+
+def ints_only(tokens: list[Any]) -> bool:
+    return all(type(token) is int for token in tokens)
 
 
 def matcher_over(
-    real: dict[int, int], size: int, workers: int, stale: set[Any] | None = None
-) -> tuple[Any, Bits, tuple[Any, ...], list[Any]]:
-    """A Matcher over a table of `real`, with `workers` workers; and the conditions it reads
-    (hybrids, lookaheads, predictions), for a test to change."""
+    real: dict[int, int], size: int, workers: int | tuple[Any, ...]
+) -> tuple[Any, Bits, tuple[Any, ...]]:
+    """A Matcher over a table of `real`, with `workers` workers (or these)."""
     bits = Bits()
-    known = tuple(f"w{worker}" for worker in range(workers))
+    known = workers if isinstance(workers, tuple) else tuple(f"w{n}" for n in range(workers))
     for worker in known:
         bits.take(worker)
     table = _compiled.KeyTable()
     table.update(real)
-    bars: list[Any] = [{}, set(), {}]
-    matcher = _compiled.Matcher(table, Match, size, set() if stale is None else stale, *bars)
+    matcher = _compiled.Matcher(table, Match, size)
     matcher.set_workers(bits.by_position, known)
-    return matcher, bits, known, bars
+    return matcher, bits, known
 
 
 @settings(max_examples=300)
@@ -179,13 +203,17 @@ def test_a_whole_query_gives_the_reference_answer(
 ) -> None:
     """The Matcher is `_leading_counts` over a table in one call: the same counts in the same
     order, the same error where a mask has a bit no worker has, a Match as the index makes
-    it; None where a mask is past 64 bits (the general path walks then)."""
+    it; None where a mask is past 64 bits or a token id is not an exact int (the general path
+    walks then)."""
     real, _, root, request, size = case
     stale = {f"w{number}" for number in stale_numbers}
-    matcher, bits, known, _ = matcher_over(real, size, workers, stale)
-    answer = outcome(matcher, root, request)
+    matcher, bits, known = matcher_over(real, size, workers)
+    answer = outcome(matcher, root, request, stale)
     if any(mask >> 64 for mask in real.values()):
         assert answer is None
+        return
+    if answer is None:
+        assert not ints_only(request[: len(request) // size * size])
         return
     walked = outcome(_walk, (real, None), root, (request, None, None), size, 0, None)
     if isinstance(walked, type):
@@ -202,37 +230,41 @@ def test_a_whole_query_gives_the_reference_answer(
         assert getattr(answer, slot) == getattr(made, slot)
 
 
-def test_a_whole_query_declines_what_the_general_path_answers() -> None:
-    """None, so that the index walks, while a worker is hybrid, hashes with lookahead or is
-    predicted, or the token ids are not a list; an answer again once none of them holds."""
-    key = hash((PLAIN_ROOT, (1, 2)))
-    matcher, _, _, bars = matcher_over({key: 1}, 2, 1)
-    assert matcher(PLAIN_ROOT, [1, 2]) == {"w0": 1}
-    assert matcher(PLAIN_ROOT, (1, 2)) is None
-    for bar, entry in zip(bars, ["w0", 1, key], strict=True):
-        if isinstance(bar, dict):
-            bar[entry] = 1
-        else:
-            bar.add(entry)
-        assert matcher(PLAIN_ROOT, [1, 2]) is None
-        bar.clear()
-    assert matcher(PLAIN_ROOT, [1, 2]) == {"w0": 1}
-
-
-def test_a_query_for_ints_only_declines_any_other_token_id() -> None:
-    """An index that has seen a string id keys it as its digest, which the general path makes:
-    asked for ints only, the Matcher declines a list holding anything else, even past the
-    blocks it would walk; a bool and an int subclass too, whose hashes it may not assume."""
+def test_a_whole_query_declines_what_it_cannot_read_in_c() -> None:
+    """None, so that the index walks: token ids not a list, a token id the walk reaches that
+    is not an exact int (a string, a bool, an int subclass, a float), a root key not an exact
+    int, a worker whose hash may be Python code. Past where the walk stops, it reads nothing."""
 
     class Id(int):
         pass
 
     key = hash((PLAIN_ROOT, (1, 2)))
-    matcher, _, _, _ = matcher_over({key: 1}, 2, 1)
-    assert matcher(PLAIN_ROOT, [1, 2, 3], True) == {"w0": 1}
-    for other in ("<image>", True, Id(3), 3.0):
-        assert matcher(PLAIN_ROOT, [1, 2, other], True) is None
-        assert matcher(PLAIN_ROOT, [1, 2, other], False) == {"w0": 1}
+    matcher, _, _ = matcher_over({key: 1}, 2, 1)
+    assert matcher(PLAIN_ROOT, [1, 2], set()) == {"w0": 1}
+    assert matcher(PLAIN_ROOT, (1, 2), set()) is None
+    assert matcher(Id(PLAIN_ROOT), [1, 2], set()) is None
+    for other in ("<image>", True, Id(2), 2.0):
+        assert matcher(PLAIN_ROOT, [1, other], set()) is None
+        assert matcher(PLAIN_ROOT, [9, 9, 3, other], set()) == {}  # the walk stops before it
+    for worker in (Seven(), ("w", Seven())):
+        matcher, _, _ = matcher_over({key: 1}, 2, (worker,))
+        assert matcher(PLAIN_ROOT, [1, 2], set()) is None
+    matcher, _, _ = matcher_over({key: 1}, 2, (("i", 0), b"w", 1.5, None, True))
+    assert matcher(PLAIN_ROOT, [1, 2], {("i", 0)}) == {("i", 0): 1}
+
+
+def test_the_stale_set_is_read_as_it_is_when_asked() -> None:
+    key = hash((PLAIN_ROOT, (1, 2)))
+    matcher, _, _ = matcher_over({key: 1}, 2, 2)
+    stale: set[Any] = set()
+    assert matcher(PLAIN_ROOT, [1, 2], stale).stale == frozenset()
+    stale.add("w1")
+    answer = matcher(PLAIN_ROOT, [1, 2], stale)
+    assert answer.stale == frozenset({"w1"}) and answer.workers == ("w0", "w1")
+    stale.clear()  # the answer keeps what was stale when it was made
+    assert answer.stale == frozenset({"w1"})
+    with pytest.raises(TypeError, match="stale is a set"):
+        matcher(PLAIN_ROOT, [1, 2], ["w1"])
 
 
 class Emptying:
@@ -261,29 +293,49 @@ def emptying(items: list[Any], kind: type = Emptying) -> Any:
 MOVED = "a list changed while it was read"
 
 
-def test_a_walk_whose_token_ids_move_stops_with_an_error() -> None:
-    """Where a token id's own __hash__ changes the list being walked, the walk stops naming
-    it, the Matcher's and walk()'s alike, rather than read the list's old, freed items."""
+def test_token_ids_whose_hash_is_python_code_are_never_hashed_in_c() -> None:
+    """A token id whose own __hash__ empties the list being walked: the compiled walks decline
+    the request without calling it (nothing they read can change under them), and the index
+    answers it through the pure path, as the pure-Python index does."""
     held = {hash((PLAIN_ROOT, (1, 2, 3, 4))): 1}  # the first block: the walk goes on
     table = _compiled.KeyTable()
     table.update(held)
-    matcher = _compiled.Matcher(table, Match, 4, set(), {}, set(), {})
+    matcher = _compiled.Matcher(table, Match, 4)
     matcher.set_workers(("w",), ("w",))
-    for walk in (
-        lambda tokens: matcher(PLAIN_ROOT, tokens),
-        lambda tokens: _compiled.walk(table, None, PLAIN_ROOT, tokens, 4, None),
-        lambda tokens: _compiled.walk(held, None, PLAIN_ROOT, tokens, 4, None),
-    ):
-        tokens: list[Any] = [1, 2, 3, 4] * 64
-        tokens[5] = emptying(tokens)
-        with pytest.raises(RuntimeError, match=MOVED):
-            walk(tokens)
+    for kind in (Emptying, EmptyingInt):
+        for walk in (
+            lambda tokens: matcher(PLAIN_ROOT, tokens, set()),
+            lambda tokens: _compiled.walk(table, None, PLAIN_ROOT, tokens, 4, None),
+            lambda tokens: _compiled.walk(held, None, PLAIN_ROOT, tokens, 4, None),
+        ):
+            tokens: list[Any] = [1, 2, 3, 4] * 64
+            tokens[5] = emptying(tokens, kind)
+            assert walk(tokens) is None
+            assert len(tokens) == 256  # its hash never ran
 
 
-def test_a_list_of_ids_or_contents_that_moves_stops_with_an_error() -> None:
-    """The same for the block ids a removal pops, a store adds or isdisjoint asks about, where
-    their equality with the ids kept beside the slots (a tiered block's) runs Python code, and
-    for chain's contents, whose hashes may."""
+def test_the_index_answers_hostile_token_ids_as_the_pure_index_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def answer(tokens: list[Any]) -> Any:
+        index = PrefixIndex(4)
+        index.apply("w", KVEventBatch(0.0, [BlockStored([1, 2], None, list(range(8)), 4)]))
+        return outcome(lambda: dict(index.match(tokens)))
+
+    def hostile() -> list[Any]:
+        tokens: list[Any] = list(range(8)) * 4
+        tokens[5] = emptying(tokens, EmptyingInt)
+        return tokens
+
+    compiled_answer = answer(hostile())
+    monkeypatch.setattr(compiled, "core", None)
+    assert compiled_answer == answer(hostile())
+
+
+def test_a_list_of_ids_that_moves_stops_with_an_error() -> None:
+    """Where the block ids a removal pops, a store adds or isdisjoint asks about move, their
+    equality with the ids kept beside the slots (a tiered block's) having run Python code, the
+    call stops naming it; chain's contents, whose hashes may be Python code, it declines."""
     blocks = _compiled.BlockMap()
     blocks[("cpu", 1)] = 3  # kept beside the slots: a lookup there hashes the id
     ids: list[Any] = list(range(100))
@@ -300,8 +352,7 @@ def test_a_list_of_ids_or_contents_that_moves_stops_with_an_error() -> None:
         blocks.isdisjoint(ids)
     contents: list[Any] = [(1, 2)] * 100
     contents[1] = (emptying(contents),)  # a block's content whose hash empties the blocks
-    with pytest.raises(RuntimeError, match=MOVED):
-        _compiled.chain(0, contents)
+    assert _compiled.chain(0, contents) is None and len(contents) == 100  # never hashed here
 
 
 class Seven:
@@ -390,20 +441,14 @@ def test_a_run_keys_the_token_ids_as_they_are_once_its_parent_is_found() -> None
 
 def test_a_whole_query_names_what_it_refuses() -> None:
     table = _compiled.KeyTable()
-    with pytest.raises(TypeError, match="answer a dict subclass"):
-        _compiled.Matcher(table, list, 1, set(), {}, set(), {})
+    with pytest.raises(TypeError, match="answer callable"):
+        _compiled.Matcher(table, 5, 1)
     with pytest.raises(TypeError, match="size at least 1"):
-        _compiled.Matcher(table, Match, 0, set(), {}, set(), {})
-
-    class Unslotted(dict[Any, int]):
-        stale = workers = block_size = predicted = lower = None
-
-    with pytest.raises(TypeError, match="answer's stale must be a slot"):
-        _compiled.Matcher(table, Unslotted, 1, set(), {}, set(), {})
+        _compiled.Matcher(table, Match, 0)
     with pytest.raises(TypeError, match="no keyword arguments"):
-        _compiled.Matcher(table, Match, 1, set(), {}, set(), predictions={})
-    matcher = _compiled.Matcher(table, Match, 1, set(), {}, set(), {})
-    with pytest.raises(TypeError, match=r"takes \(key, tokens\[, ints\]\)"):
+        _compiled.Matcher(table, Match, size=1)
+    matcher = _compiled.Matcher(table, Match, 1)
+    with pytest.raises(TypeError, match=r"takes \(key, tokens, stale\)"):
         matcher(0)
     with pytest.raises(TypeError, match="set_workers"):
         matcher.set_workers([], ())
@@ -429,9 +474,12 @@ def test_malformed_input_is_refused_alike(request: Any, root: Any, size: int, ot
         return _walk((args[0], args[1]), args[2], (args[3], None, None), args[4], 0, None)
 
     both = (real, None, root, request, size)
-    assert outcome(_compiled.walk, *both, None) == outcome(python_walk, *both)
+    walked = outcome(_compiled.walk, *both, None)
+    assert walked is None or walked == outcome(python_walk, *both)  # None: the pure walk's
     blocks = request if isinstance(request, list) else [request]
-    assert outcome(_compiled.chain, root, blocks) == outcome(chain_in_python, root, blocks)
+    keys = outcome(_compiled.chain, root, blocks)
+    assert keys is None or keys == outcome(chain_in_python, root, blocks)
+    assert outcome(block_keys.chain, root, blocks) == outcome(chain_in_python, root, blocks)
 
 
 @given(st.lists(st.one_of(hashes, hashes, st.integers(-(2**70), 2**70), junk), max_size=12))
@@ -694,17 +742,17 @@ def test_letting_go_of_what_no_key_is_fails_as_the_holders_lookup_does(key: Any)
     assert dict(table.items()) == {5: 1}
 
 
-def test_a_key_the_walk_never_reaches_is_never_an_error() -> None:
-    """The table's walk makes keys ahead of its lookups: a block it cannot key (an unhashable
-    token) past where the walk stops is not the walk's business, as in Python."""
+def test_a_block_the_walk_never_reaches_is_never_read() -> None:
+    """The table's walk makes keys ahead of its lookups: a block it cannot key in C (an
+    unhashable token) past where the walk stops is not the walk's business, as in Python;
+    reached, the walk declines it, and the pure walk raises as Python does."""
     first = hash((5, (1, 2)))
     table = _compiled.KeyTable()
     table.update({first: 1})
     stops_before = [1, 2, 3, 4, [9], 9]
     assert _compiled.walk(table, None, 5, stops_before, 2, None) == ([(0, 1), (1, 0)], 3)
     table[hash((first, (3, 4)))] = 1  # now the walk reaches the unhashable block
-    with pytest.raises(TypeError, match="unhashable"):
-        _compiled.walk(table, None, 5, stops_before, 2, None)
+    assert _compiled.walk(table, None, 5, stops_before, 2, None) is None
     with pytest.raises(TypeError, match="unhashable"):
         _walk((dict(table.items()), None), 5, (stops_before, None, None), 2, 0, None)
 
@@ -966,14 +1014,14 @@ def test_the_matcher_serves_again_once_no_mask_reaches_past_64_workers() -> None
     table = _compiled.KeyTable()
     key = hash((PLAIN_ROOT, (1, 2, 3, 4)))
     table[key] = 1
-    matcher = _compiled.Matcher(table, Match, 4, set(), {}, set(), {})
+    matcher = _compiled.Matcher(table, Match, 4)
     matcher.set_workers(("w",), ("w",))
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) == {"w": 1}
     table[key] = (1 << 70) | 1  # a 71st worker holds it too
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) is None  # the general path's to answer
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) is None  # the general path's to answer
     table[key] = 1  # that worker let go of it
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) == {"w": 1}
     other = hash((PLAIN_ROOT, (5, 6, 7, 8)))
     table[other] = 1 << 65
     del table[other]
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) == {"w": 1}

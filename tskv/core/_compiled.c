@@ -32,7 +32,6 @@ What it holds:
 #if PY_VERSION_HEX < 0x030B0000
 #include <longintrepr.h> /* Python.h includes it from 3.11 on */
 #endif
-#include <structmember.h> /* T_OBJECT_EX, PyMember_SetOne: a Match's slots */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -77,11 +76,12 @@ pair_hash(Py_hash_t parent_hash, Py_hash_t content_hash)
     return tuple_end(tuple_round(acc, (Py_uhash_t)content_hash), 2);
 }
 
-/* The items of a list or a tuple that a loop reads where they lie (PySequence_Fast's). An
-   item whose hash or equality is Python code (a class's __hash__, __eq__) may change the list
-   meanwhile, and its items then move: the loop asks after each such call and stops with an
-   error where they did, instead of reading freed memory (the pure path reads whatever Python
-   gives it). */
+/* The items of a list or a tuple that a loop reads where they lie (PySequence_Fast's): the
+   block ids a BlockMap pops or stores. An id that is not an exact int goes to the dict beside
+   the slots, whose lookup may run its __hash__ or __eq__, which may change the list meanwhile,
+   and its items then move: the loop asks after each such call and stops with an error where
+   they did, instead of reading freed memory. Token ids never need this: the walks decline any
+   that is not an exact int (int_hash_of), so nothing runs while they are read. */
 typedef struct {
     PyObject *sequence;
     PyObject **items; /* where its items were */
@@ -99,50 +99,75 @@ items_moved(const Items *items)
     }
     PyErr_SetString(PyExc_RuntimeError,
                     "a list changed while it was read: one of its items' own __hash__ or __eq__ "
-                    "changed it (the token ids of a match, the block ids of a removal)");
+                    "changed it (the block ids of a removal or a store)");
     return 1;
 }
 
-/* hash(item), for a token id without the two calls PyObject_Hash makes: an int below 2**30 in
-   magnitude (one digit, as every token id is) is its own hash, -1 made -2 (long_hash in
-   Objects/longobject.c); any other object asks PyObject_Hash, and then `owner` (NULL where the
-   items cannot move) whether it moved. */
+/* hash(item) for an exact int, without the two calls PyObject_Hash makes: an int below 2**30
+   in magnitude (one digit, as every token id is) is its own hash, -1 made -2 (long_hash in
+   Objects/longobject.c); a larger one asks long_hash, which is C and cannot fail. Anything
+   else, an int subclass included, is declined (-1, no exception set): its hash may be Python
+   code, which may change what the caller is reading, so the caller hands the whole request to
+   the pure path, which runs such code as Python does. */
 static inline Py_hash_t
-token_hash(PyObject *item, const Items *owner)
+int_hash_of(PyObject *item)
 {
-    if (PyLong_CheckExact(item)) {
-#if PY_VERSION_HEX >= 0x030C0000
-        if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
-            Py_ssize_t value = PyUnstable_Long_CompactValue((PyLongObject *)item);
-            return value == -1 ? -2 : (Py_hash_t)value;
-        }
-#else
-        Py_ssize_t digits = Py_SIZE(item);
-        if (digits == 0 || digits == 1) {
-            return digits ? (Py_hash_t)((PyLongObject *)item)->ob_digit[0] : 0;
-        }
-#endif
+    if (!PyLong_CheckExact(item)) {
+        return -1;
     }
-    Py_INCREF(item); /* a hash in Python may let go of it */
-    Py_hash_t hash = PyObject_Hash(item);
-    Py_DECREF(item);
-    return hash != -1 && owner != NULL && items_moved(owner) ? -1 : hash;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        Py_ssize_t value = PyUnstable_Long_CompactValue((PyLongObject *)item);
+        return value == -1 ? -2 : (Py_hash_t)value;
+    }
+#else
+    Py_ssize_t digits = Py_SIZE(item);
+    if (digits == 0 || digits == 1) {
+        return digits ? (Py_hash_t)((PyLongObject *)item)->ob_digit[0] : 0;
+    }
+#endif
+    return PyObject_Hash(item);
 }
 
-/* hash(tuple(items[0:size])) without the tuple; -1 with an exception set if an item has none
-   (or `owner`'s items moved: token_hash). */
+/* hash(tuple(items[0:size])) without the tuple, for exact ints; -1 (no exception set) where
+   an item is anything else (int_hash_of). */
 static Py_hash_t
-items_hash(PyObject **items, Py_ssize_t size, const Items *owner)
+items_hash(PyObject *const *items, Py_ssize_t size)
 {
     Py_uhash_t acc = XXPRIME_5;
     for (Py_ssize_t i = 0; i < size; i++) {
-        Py_hash_t item_hash = token_hash(items[i], owner);
+        Py_hash_t item_hash = int_hash_of(items[i]);
         if (item_hash == -1) {
             return -1;
         }
         acc = tuple_round(acc, (Py_uhash_t)item_hash);
     }
     return tuple_end(acc, size);
+}
+
+#define CONTENT_DEPTH 8 /* tuples within tuples a block's content may nest, at most */
+
+/* hash(content) for a block's content as block_keys makes it: an exact int, or an exact tuple
+   of such contents (its token ids, with its identity made `stable`); -1 (no exception set)
+   for anything else, or nested deeper than CONTENT_DEPTH: declined, as int_hash_of. */
+static Py_hash_t
+content_hash_of(PyObject *content, int depth)
+{
+    if (!PyTuple_CheckExact(content)) {
+        return int_hash_of(content);
+    }
+    if (depth >= CONTENT_DEPTH) {
+        return -1;
+    }
+    Py_uhash_t acc = XXPRIME_5;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(content); i++) {
+        Py_hash_t item_hash = content_hash_of(PyTuple_GET_ITEM(content, i), depth + 1);
+        if (item_hash == -1) {
+            return -1;
+        }
+        acc = tuple_round(acc, (Py_uhash_t)item_hash);
+    }
+    return tuple_end(acc, PyTuple_GET_SIZE(content));
 }
 
 /* Python's hash of an int within 64 bits (Python/pyhash.c, Objects/longobject.c): its value
@@ -158,13 +183,13 @@ int_hash(int64_t value)
 }
 
 /* The key of block `block` of `size` token ids under the parent whose hash is *parent_hash,
-   into *key; *parent_hash becomes the key's own hash, for the block after it. -1 with an
-   exception set if a token id has no hash. */
+   into *key; *parent_hash becomes the key's own hash, for the block after it. -1 (no
+   exception set) where a token id is not an exact int. */
 static inline int
-next_key(Py_hash_t *parent_hash, const Items *tokens, Py_ssize_t block, Py_ssize_t size,
+next_key(Py_hash_t *parent_hash, PyObject *const *tokens, Py_ssize_t block, Py_ssize_t size,
          Py_hash_t *key)
 {
-    Py_hash_t content_hash = items_hash(tokens->items + block * size, size, tokens);
+    Py_hash_t content_hash = items_hash(tokens + block * size, size);
     if (content_hash == -1) {
         return -1;
     }
@@ -173,6 +198,9 @@ next_key(Py_hash_t *parent_hash, const Items *tokens, Py_ssize_t block, Py_ssize
     return 0;
 }
 
+/* chain(key, blocks) -> list | None: block_keys.chain for a key that is an exact int (or
+   None) and contents that are exact ints or tuples of them (content_hash_of); None, having
+   made nothing, for anything else, which block_keys.chain_in_python keys. */
 static PyObject *
 chain(PyObject *module, PyObject *args)
 {
@@ -180,49 +208,40 @@ chain(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO:chain", &key, &blocks)) {
         return NULL;
     }
-    PyObject *fast = PySequence_Fast(blocks, "chain: blocks must be a sequence");
-    if (fast == NULL) {
-        return NULL;
+    if ((key != Py_None && !PyLong_CheckExact(key)) || !PyList_CheckExact(blocks)) {
+        Py_RETURN_NONE;
     }
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    PyObject **contents = PySequence_Fast_ITEMS(fast);
-    Items held = {fast, contents, count};
+    Py_ssize_t count = PyList_GET_SIZE(blocks);
     PyObject *keys = PyList_New(count);
     if (keys == NULL) {
-        Py_DECREF(fast);
         return NULL;
     }
-    PyObject *parent = key; /* borrowed: the caller's key, then the list's */
+    /* No Python code runs from here on (exact ints and tuples hash in C), so `blocks` cannot
+       change while it is read. */
+    int reachable = key != Py_None;
+    Py_hash_t parent_hash = reachable ? PyObject_Hash(key) : 0; /* an exact int: never fails */
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *content = contents[i];
-        if (parent == Py_None || content == Py_None) {
-            parent = Py_None; /* no query can reach this block, nor any after it */
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(keys, i, Py_None);
+        PyObject *content = PyList_GET_ITEM(blocks, i);
+        reachable = reachable && content != Py_None;
+        if (!reachable) { /* no query can reach this block, nor any after it */
+            PyList_SET_ITEM(keys, i, Py_NewRef(Py_None));
             continue;
         }
-        /* the parent's hash, then the content's: the order Python hashes the pair in */
-        Py_hash_t parent_hash = PyObject_Hash(parent);
-        if (parent_hash == -1) {
-            goto error;
-        }
-        Py_hash_t content_hash = token_hash(content, &held); /* a tuple's: Python's hash */
+        Py_hash_t content_hash = content_hash_of(content, 0);
         if (content_hash == -1) {
-            goto error;
+            Py_DECREF(keys);
+            Py_RETURN_NONE;
         }
-        PyObject *as_int = PyLong_FromSsize_t(pair_hash(parent_hash, content_hash));
+        Py_hash_t made = pair_hash(parent_hash, content_hash);
+        PyObject *as_int = PyLong_FromSsize_t(made);
         if (as_int == NULL) {
-            goto error;
+            Py_DECREF(keys);
+            return NULL;
         }
         PyList_SET_ITEM(keys, i, as_int);
-        parent = as_int;
+        parent_hash = int_hash(made);
     }
-    Py_DECREF(fast);
     return keys;
-error:
-    Py_DECREF(fast);
-    Py_DECREF(keys);
-    return NULL;
 }
 
 /* ---- KeyTable: content key -> mask of holders, open addressing with linear probing ---- */
@@ -1873,15 +1892,19 @@ typedef struct {
 
 #define MAX_CHANGES 66
 
+#define DECLINED (-2) /* what walk_table returns for a request the pure path must walk */
+
 /* walk() on a KeyTable whose masks all fit 64 bits, with no predictions: the masks stay C
    integers, and a key becomes an int only for `keys_out`. A key depends on the one before,
    but its slot's address does not depend on the table: so the next AHEAD keys are made and
    their slots fetched from memory together, and the walk then finds them in the CPU's cache
-   (at millions of keys each lookup is a cache miss). A key made ahead past where the walk
-   stops is not used, nor is any error in making it. Fills changes[]; their number, or -1 with
-   an exception set. */
+   (at millions of keys each lookup is a cache miss). `tokens` are read where they lie: no
+   Python code runs while they are (a token id not an exact int is declined, not hashed), so
+   nothing can change them. A block made ahead past where the walk stops is not used, a
+   declined one included. Fills changes[] (MAX_CHANGES at most); their number, DECLINED when
+   the walk reaches a token id not an exact int, or -1 with an exception set. */
 static Py_ssize_t
-walk_table(KeyTable *t, Py_hash_t parent_hash, const Items *tokens, Py_ssize_t blocks,
+walk_table(KeyTable *t, Py_hash_t parent_hash, PyObject *const *tokens, Py_ssize_t blocks,
            Py_ssize_t size, PyObject *keys_out, Change *changes)
 {
     Py_ssize_t found = 0;
@@ -1889,11 +1912,9 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, const Items *tokens, Py_ssize_t b
     Py_hash_t ahead[AHEAD];
     for (Py_ssize_t start = 0; start < blocks; start += AHEAD) {
         Py_ssize_t count = blocks - start < AHEAD ? blocks - start : AHEAD, made = 0;
-        PyObject *type = NULL, *value = NULL, *traceback = NULL; /* an error ahead, kept */
         for (; made < count; made++) {
             if (next_key(&parent_hash, tokens, start + made, size, &ahead[made]) < 0) {
-                PyErr_Fetch(&type, &value, &traceback); /* raised only if the walk gets there */
-                break;
+                break; /* declined only if the walk gets there */
             }
             if (t->capacity) {
                 PREFETCH(&t->slots[home_of(ahead[made], t->capacity)]);
@@ -1906,9 +1927,6 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, const Items *tokens, Py_ssize_t b
                 PyObject *as_int = PyLong_FromSsize_t(key);
                 if (as_int == NULL || PyList_Append(keys_out, as_int) < 0) {
                     Py_XDECREF(as_int);
-                    Py_XDECREF(type);
-                    Py_XDECREF(value);
-                    Py_XDECREF(traceback);
                     return -1;
                 }
                 Py_DECREF(as_int);
@@ -1919,19 +1937,18 @@ walk_table(KeyTable *t, Py_hash_t parent_hash, const Items *tokens, Py_ssize_t b
                 held = t->slots[i].key == EMPTY ? 0 : active & t->slots[i].mask;
             }
             if (depth == 0 || held != active) { /* at 0: Python's `active` is -1, never a mask */
+                /* the first change, then one a worker dropping out (a bit fewer each), then
+                   the last (none held): 1 + 64 + 1 */
+                assert(found < MAX_CHANGES);
                 changes[found++] = (Change){depth, held};
             }
             if (!held) {
-                Py_XDECREF(type);
-                Py_XDECREF(value);
-                Py_XDECREF(traceback);
                 return found;
             }
             active = held;
         }
         if (made < count) { /* the walk reached the block whose key could not be made */
-            PyErr_Restore(type, value, traceback);
-            return -1;
+            return DECLINED;
         }
     }
     return found;
@@ -1985,37 +2002,50 @@ count_workers(PyObject *counts, PyObject *workers, uint64_t mask, Py_ssize_t blo
 
 /* ---- Matcher: the usual match, whole ----
 
-PrefixIndex.match for a request with no per-block identity, its token ids a list, while no
-worker is hybrid, hashes with lookahead or is predicted, on a table whose masks fit 64 bits:
-one call walks, counts and makes the prefix_index.Match, as prefix_index.counts_of would count
-a plain walk's changes. It keeps what an answer needs (the table, the worker of each bit, the
-stale set, the Match type's slots) so that a query reads a few objects: at 3.2M keys on a busy
-router each object a query reads is a cache miss, and the misses of the Python path's attribute
-chains and frames cost more than the walk. Holdings tells it when the workers change
-(set_workers); the index's own dicts and sets that rule the usual path out are read as they
-are, so it never needs telling about them. Once the index has seen a string token id, which
-it keys as a digest (block_keys.stable), a query asks for ints only: a token id of any other
-type sends it to the general path, which makes the digests. */
+PrefixIndex.match for a request with no per-block identity, on a table whose masks fit 64
+bits: one call walks, counts and makes the prefix_index.Match, as prefix_index.counts_of would
+count a plain walk's changes. It keeps only what it was given: the table, the Match type, and
+the worker of each bit (set_workers). Whether a query is a usual one (no worker hybrid, none
+hashing with lookahead, no predictions in force) is the index's to decide, in one place
+(PrefixIndex.match), before it calls: the Matcher reads none of the index's containers, so
+none can change under it unnoticed. It declines (None) what the pure path must answer: token
+ids that are not a list of exact ints (a string, which the index keys as its digest; an int
+subclass, whose hash may be its own), a root key that is not an exact int, a worker whose hash
+is not C's own (plain_worker), a table with masks past 64 bits. So no Python code runs from the
+moment it reads the request to the moment it calls the Match type with the counts. */
 
-enum { STALE, WORKERS, BLOCK_SIZE, PREDICTED, LOWER, ANSWER_SLOTS };
-static const char *const ANSWER_SLOT_NAME[ANSWER_SLOTS] = {
-    "stale", "workers", "block_size", "predicted", "lower",
-};
-enum { HYBRIDS, LOOKAHEADS, PREDICTIONS, BARS };
+/* Whether hashing and comparing `obj` runs no Python code: an exact int, str, bytes, float or
+   bool, None, or an exact tuple of such, nested at most CONTENT_DEPTH deep. */
+static int
+plain_worker(PyObject *obj, int depth)
+{
+    if (PyLong_CheckExact(obj) || PyUnicode_CheckExact(obj) || PyBytes_CheckExact(obj) ||
+        PyFloat_CheckExact(obj) || PyBool_Check(obj) || obj == Py_None) {
+        return 1;
+    }
+    if (!PyTuple_CheckExact(obj) || depth >= CONTENT_DEPTH) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(obj); i++) {
+        if (!plain_worker(PyTuple_GET_ITEM(obj, i), depth + 1)) {
+            return 0;
+        }
+    }
+    return 1;
+}
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     KeyTable *table;
-    PyTypeObject *answer;              /* prefix_index.Match: a dict subclass with those slots */
-    PyObject *slot[ANSWER_SLOTS];      /* its member descriptors */
+    PyObject *answer;      /* prefix_index.Match, called as Match(counts, stale, None, None,
+                              size, known) */
     Py_ssize_t block_size;
-    PyObject *size;                    /* the same, an int, for block_size */
-    PyObject *by_position;             /* the worker of each bit (None: a free one), a tuple */
-    PyObject *known;                   /* every worker, a tuple */
-    PyObject *stale;                   /* the index's set of stale workers */
-    PyObject *bars[BARS];              /* while one is not empty, the general path answers */
-    PyObject *no_stale;                /* frozenset(): the usual answer's stale */
+    PyObject *size;        /* the same, an int, for the answer */
+    PyObject *by_position; /* the worker of each bit (None: a free one), a tuple */
+    PyObject *known;       /* every worker, a tuple */
+    int plain_workers;     /* every worker hashes and compares in C (plain_worker) */
+    PyObject *no_stale;    /* frozenset(): the usual answer's stale */
 } Matcher;
 
 static PyTypeObject MatcherType;
@@ -2040,100 +2070,66 @@ count_changes(PyObject *counts, PyObject *workers, const Change *changes, Py_ssi
     return active ? count_workers(counts, workers, active, blocks) : 0;
 }
 
-/* A new Match with no counts yet, made as dict.__new__ makes it (Match.__init__'s frame would
-   cost more than the rest), its slots set as a slot's own descriptor sets it. */
-static PyObject *
-new_answer(Matcher *m)
-{
-    PyObject *none = PyTuple_New(0);
-    PyObject *made = none == NULL ? NULL : m->answer->tp_new(m->answer, none, NULL);
-    Py_XDECREF(none);
-    PyObject *value[ANSWER_SLOTS] = {NULL};
-    value[STALE] = PySet_GET_SIZE(m->stale) ? PyFrozenSet_New(m->stale) : Py_NewRef(m->no_stale);
-    value[WORKERS] = Py_NewRef(m->known);
-    value[BLOCK_SIZE] = Py_NewRef(m->size);
-    value[PREDICTED] = PyDict_New();
-    value[LOWER] = PyDict_New();
-    int failed = made == NULL;
-    for (int s = 0; s < ANSWER_SLOTS; s++) {
-        failed = failed || value[s] == NULL ||
-                 PyMember_SetOne((char *)made, ((PyMemberDescrObject *)m->slot[s])->d_member,
-                                 value[s]) < 0;
-        Py_XDECREF(value[s]);
-    }
-    if (failed) {
-        Py_XDECREF(made);
-        return NULL;
-    }
-    return made;
-}
-
-/* Whether every item of list `tokens` is an int (exactly: a subclass's hash may be its own). */
-static int
-ints_only(PyObject *tokens)
-{
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tokens); i++) {
-        if (!PyLong_CheckExact(PyList_GET_ITEM(tokens, i))) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* matcher(key, tokens[, ints]) -> Match | None: the usual match from root key `key`, or None
-   where the general path answers (see above); `ints`: a token id not an int is one too. */
+/* matcher(key, tokens, stale) -> Match | None: the usual match from root key `key`, `stale`
+   the index's set of stale workers as it is now, or None where the pure path answers (see
+   above). */
 static PyObject *
 Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Matcher *m = (Matcher *)self;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs < 2 || nargs > 3 || kwnames != NULL) {
-        return PyErr_Format(PyExc_TypeError, "a Matcher takes (key, tokens[, ints])");
+    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames != NULL) {
+        return PyErr_Format(PyExc_TypeError, "a Matcher takes (key, tokens, stale)");
     }
-    PyObject *tokens = args[1];
-    int ints = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
-    if (ints < 0) {
-        return NULL;
+    PyObject *key = args[0], *tokens = args[1], *stale = args[2];
+    if (!PyAnySet_Check(stale)) {
+        return PyErr_Format(PyExc_TypeError, "a Matcher's stale is a set, not %R", stale);
     }
-    int usual = PyList_CheckExact(tokens) && !m->table->high &&
-                PyDict_GET_SIZE(m->bars[HYBRIDS]) == 0 &&
-                PySet_GET_SIZE(m->bars[LOOKAHEADS]) == 0 &&
-                PyDict_GET_SIZE(m->bars[PREDICTIONS]) == 0 && (!ints || ints_only(tokens));
-    if (!usual) {
+    if (!PyList_CheckExact(tokens) || !PyLong_CheckExact(key) || m->table->high != NULL ||
+        !m->plain_workers) {
         Py_RETURN_NONE;
     }
     Py_ssize_t blocks = PyList_GET_SIZE(tokens) / m->block_size;
     Change changes[MAX_CHANGES];
-    Py_hash_t root_hash = blocks ? PyObject_Hash(args[0]) : 0;
-    Items walked = {tokens, ((PyListObject *)tokens)->ob_item, PyList_GET_SIZE(tokens)};
-    Py_ssize_t found = root_hash == -1 ? -1
-                                       : walk_table(m->table, root_hash, &walked, blocks,
-                                                    m->block_size, Py_None, changes);
-    PyObject *counts = found < 0 ? NULL : new_answer(m);
+    Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0; /* an exact int's: no error */
+    Py_ssize_t found = walk_table(m->table, root_hash, ((PyListObject *)tokens)->ob_item,
+                                  blocks, m->block_size, Py_None, changes);
+    if (found == DECLINED) {
+        Py_RETURN_NONE;
+    }
+    PyObject *counts = found < 0 ? NULL : PyDict_New();
     if (counts != NULL && count_changes(counts, m->by_position, changes, found, blocks) < 0) {
         Py_CLEAR(counts);
     }
-    return counts;
+    if (counts == NULL) {
+        return NULL;
+    }
+    /* the first call into Python: the counts are made, and the walk is over */
+    PyObject *frozen = PySet_GET_SIZE(stale) ? PyFrozenSet_New(stale) : Py_NewRef(m->no_stale);
+    PyObject *answer = NULL;
+    if (frozen != NULL) {
+        PyObject *made[] = {counts, frozen, Py_None, Py_None, m->size, m->known};
+        answer = PyObject_Vectorcall(m->answer, made, 6, NULL);
+    }
+    Py_XDECREF(frozen);
+    Py_DECREF(counts);
+    return answer;
 }
 
-/* Matcher(table, answer, size, stale, hybrids, lookaheads, predictions) */
+/* Matcher(table, answer, size) */
 static PyObject *
 Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *table, *answer, *stale, *bars[BARS];
+    PyObject *table, *answer;
     Py_ssize_t size;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         return PyErr_Format(PyExc_TypeError, "Matcher takes no keyword arguments");
     }
-    if (!PyArg_ParseTuple(args, "O!O!nO!O!O!O!:Matcher", &KeyTableType, &table, &PyType_Type,
-                          &answer, &size, &PySet_Type, &stale, &PyDict_Type, &bars[HYBRIDS],
-                          &PySet_Type, &bars[LOOKAHEADS], &PyDict_Type, &bars[PREDICTIONS])) {
+    if (!PyArg_ParseTuple(args, "O!On:Matcher", &KeyTableType, &table, &answer, &size)) {
         return NULL;
     }
-    if (!PyType_IsSubtype((PyTypeObject *)answer, &PyDict_Type) || size < 1) {
-        return PyErr_Format(PyExc_TypeError, "Matcher(table, answer, size, stale, hybrids, "
-                            "lookaheads, predictions): positional only, answer a dict subclass, "
-                            "size at least 1");
+    if (!PyCallable_Check(answer) || size < 1) {
+        return PyErr_Format(PyExc_TypeError, "Matcher(table, answer, size): positional only, "
+                            "answer callable, size at least 1");
     }
     Matcher *m = (Matcher *)type->tp_alloc(type, 0);
     if (m == NULL) {
@@ -2141,28 +2137,14 @@ Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     m->vectorcall = Matcher_call;
     m->table = (KeyTable *)Py_NewRef(table);
-    m->answer = (PyTypeObject *)Py_NewRef(answer);
+    m->answer = Py_NewRef(answer);
     m->block_size = size;
-    m->stale = Py_NewRef(stale);
-    for (int b = 0; b < BARS; b++) {
-        m->bars[b] = Py_NewRef(bars[b]);
-    }
     m->by_position = PyTuple_New(0);
     m->known = PyTuple_New(0);
+    m->plain_workers = 1;
     m->size = PyLong_FromSsize_t(size);
     m->no_stale = PyFrozenSet_New(NULL);
-    int failed = !m->by_position || !m->known || !m->size || !m->no_stale;
-    for (int s = 0; s < ANSWER_SLOTS && !failed; s++) {
-        m->slot[s] = PyObject_GetAttrString(answer, ANSWER_SLOT_NAME[s]);
-        failed = m->slot[s] == NULL;
-        if (!failed && (!Py_IS_TYPE(m->slot[s], &PyMemberDescr_Type) ||
-                        ((PyMemberDescrObject *)m->slot[s])->d_member->type != T_OBJECT_EX)) {
-            PyErr_Format(PyExc_TypeError, "Matcher: answer's %s must be a slot",
-                         ANSWER_SLOT_NAME[s]);
-            failed = 1;
-        }
-    }
-    if (failed) {
+    if (!m->by_position || !m->known || !m->size || !m->no_stale) {
         Py_DECREF(m);
         return NULL;
     }
@@ -2178,8 +2160,13 @@ Matcher_set_workers(Matcher *m, PyObject *args)
                           &known)) {
         return NULL;
     }
+    int plain = 1;
+    for (Py_ssize_t i = 0; plain && i < PyTuple_GET_SIZE(known); i++) {
+        plain = plain_worker(PyTuple_GET_ITEM(known, i), 0);
+    }
     Py_SETREF(m->by_position, Py_NewRef(by_position));
     Py_SETREF(m->known, Py_NewRef(known));
+    m->plain_workers = plain;
     Py_RETURN_NONE;
 }
 
@@ -2188,16 +2175,9 @@ Matcher_traverse(Matcher *m, visitproc visit, void *arg)
 {
     Py_VISIT(m->table);
     Py_VISIT(m->answer);
-    for (int s = 0; s < ANSWER_SLOTS; s++) {
-        Py_VISIT(m->slot[s]);
-    }
     Py_VISIT(m->size);
     Py_VISIT(m->by_position);
     Py_VISIT(m->known);
-    Py_VISIT(m->stale);
-    for (int b = 0; b < BARS; b++) {
-        Py_VISIT(m->bars[b]);
-    }
     Py_VISIT(m->no_stale);
     return 0;
 }
@@ -2207,16 +2187,9 @@ Matcher_clear(Matcher *m)
 {
     Py_CLEAR(m->table);
     Py_CLEAR(m->answer);
-    for (int s = 0; s < ANSWER_SLOTS; s++) {
-        Py_CLEAR(m->slot[s]);
-    }
     Py_CLEAR(m->size);
     Py_CLEAR(m->by_position);
     Py_CLEAR(m->known);
-    Py_CLEAR(m->stale);
-    for (int b = 0; b < BARS; b++) {
-        Py_CLEAR(m->bars[b]);
-    }
     Py_CLEAR(m->no_stale);
     return 0;
 }
@@ -2238,7 +2211,7 @@ static PyMethodDef Matcher_methods[] = {
 static PyTypeObject MatcherType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "tskv.core._compiled.Matcher",
-    .tp_doc = "The usual PrefixIndex.match in one call: matcher(key, tokens) -> Match | None.",
+    .tp_doc = "The usual PrefixIndex.match in one call: matcher(key, tokens, stale) -> Match | None.",
     .tp_basicsize = sizeof(Matcher),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(Matcher, vectorcall),
@@ -2281,15 +2254,21 @@ walk(PyObject *module, PyObject *args)
     if (fast == NULL) {
         return NULL;
     }
+    if (!PyLong_CheckExact(key)) {
+        Py_DECREF(fast);
+        Py_RETURN_NONE; /* the pure walk hashes it */
+    }
     Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
-    Items walked = {fast, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast)};
+    PyObject **tokens_at = PySequence_Fast_ITEMS(fast);
     if (Py_IS_TYPE(real, &KeyTableType) && predicted == Py_None && !((KeyTable *)real)->high) {
         Change found[MAX_CHANGES];
-        Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0;
-        Py_ssize_t count = root_hash == -1 ? -1
-                                           : walk_table((KeyTable *)real, root_hash, &walked,
-                                                        blocks, size, keys_out, found);
+        Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0; /* an exact int's: no error */
+        Py_ssize_t count = walk_table((KeyTable *)real, root_hash, tokens_at, blocks, size,
+                                      keys_out, found);
         Py_DECREF(fast);
+        if (count == DECLINED) {
+            Py_RETURN_NONE;
+        }
         return count < 0 ? NULL : changes_list(found, count, blocks);
     }
     PyObject *changes = PyList_New(0);
@@ -2306,9 +2285,14 @@ walk(PyObject *module, PyObject *args)
         if (parent_hash == -1) {
             goto error;
         }
-        Py_hash_t content_hash = items_hash(walked.items + depth * size, size, &walked);
-        if (content_hash == -1) {
-            goto error;
+        Py_hash_t content_hash = items_hash(tokens_at + depth * size, size);
+        if (content_hash == -1) { /* declined: the pure walk hashes what is no exact int */
+            Py_DECREF(fast);
+            Py_DECREF(changes);
+            Py_DECREF(zero);
+            Py_DECREF(active);
+            Py_DECREF(current);
+            Py_RETURN_NONE;
         }
         Py_SETREF(current, PyLong_FromSsize_t(pair_hash(parent_hash, content_hash)));
         if (current == NULL) {
@@ -2423,7 +2407,7 @@ typedef Py_hash_t (*ContentHash)(const void *source, Py_ssize_t block, Py_ssize_
 static Py_hash_t
 tokens_hash(const void *tokens, Py_ssize_t block, Py_ssize_t size)
 {
-    return items_hash((PyObject **)tokens + block * size, size, NULL); /* exact ints only */
+    return items_hash((PyObject *const *)tokens + block * size, size); /* exact ints only */
 }
 
 static Py_hash_t

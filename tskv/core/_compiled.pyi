@@ -1,8 +1,9 @@
 # The compiled core's signatures (tskv/core/_compiled.c); tskv/core/compiled.py loads it.
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
-def chain(key: int | None, blocks: Sequence[Any], /) -> list[int | None]: ...
+def chain(key: int | None, blocks: Sequence[Any], /) -> list[int | None] | None: ...
 def pack_keys(keys: Sequence[int], /) -> bytes: ...
 def walk(
     real: dict[int, int] | KeyTable,
@@ -12,7 +13,7 @@ def walk(
     size: int,
     keys_out: list[int] | None,
     /,
-) -> tuple[list[tuple[int, int]], int]: ...
+) -> tuple[list[tuple[int, int]], int] | None: ...
 def plain_run(
     run: Sequence[tuple[Any, list[Any] | None]],
     size: int,
@@ -44,18 +45,8 @@ class KeyTable:  # what Holdings uses of a dict (holdings.HolderMap), and mirror
     def add_new(self, keys: Sequence[int], mask: int, /) -> bool | None: ...
 
 class Matcher:  # PrefixIndex.match's usual query whole (prefix_index._matcher_for)
-    def __init__(
-        self,
-        table: KeyTable,
-        answer: type[dict[Any, int]],
-        size: int,
-        stale: set[Any],
-        hybrids: dict[Any, Any],
-        lookaheads: set[int],
-        predictions: dict[int, int],
-        /,
-    ) -> None: ...
-    def __call__(self, key: int, tokens: Sequence[Any], ints: bool = False, /) -> Any: ...
+    def __init__(self, table: KeyTable, answer: Callable[..., Any], size: int, /) -> None: ...
+    def __call__(self, key: int, tokens: Sequence[Any], stale: AbstractSet[Any], /) -> Any: ...
     def set_workers(self, by_position: tuple[Any, ...], known: tuple[Any, ...], /) -> None: ...
 
 class BlockMap:  # what the index uses of a dict for a worker's blocks (holdings.BlockIds)

@@ -146,9 +146,10 @@ def blocks_of(tokens: Sequence[Any], size: int) -> Iterator[tuple[Any, ...]]:
 def chain(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
     """The keys of consecutive blocks under parent `key`: None from the first block no query
     can reach (no parent known, or its tokens short) on. Compiled where `compiled.core` is."""
-    if compiled.core is not None:
-        keys: list[int | None] = compiled.core.chain(key, blocks)
-        return keys
+    if compiled.core is not None:  # None: contents it leaves to Python (not ints or tuples)
+        keys: list[int | None] | None = compiled.core.chain(key, blocks)
+        if keys is not None:
+            return keys
     return chain_in_python(key, blocks)
 
 

@@ -75,7 +75,7 @@ class Match(dict[Worker, int]):
         block_size: int | None = None,
         workers: tuple[Worker, ...] | None = None,
     ) -> None:
-        super().__init__(counts)
+        dict.__init__(self, counts)  # not super(): the compiled Matcher calls this per query
         self.stale = stale
         self.predicted = {} if predicted is None else predicted
         self.lower = {} if lower is None else lower
@@ -97,19 +97,15 @@ class Match(dict[Worker, int]):
         return worker, count
 
 
-def _matcher_for(holdings: Holdings, stale: set[Worker], lookaheads: set[int]) -> Matcher | None:
-    """The compiled core's `Matcher` for an index, where this process has the core: the usual
-    query (no per-block identity, token ids a list) in one call, which walks, counts and
-    makes the `Match`; it declines (None) while a worker is hybrid, hashes with lookahead or
-    is predicted, and, once the index has seen a string token id, for a query holding
-    anything but ints (the general path digests it). It reads the index's stale set and those
-    conditions as they change; the holdings, which keep it too, tell it when the workers do."""
+def _matcher_for(holdings: Holdings) -> Matcher | None:
+    """The compiled core's `Matcher` for an index, where this process has the core: a usual
+    query (`PrefixIndex.match` decides which are) in one call, which walks, counts and makes
+    the `Match` through its constructor; it declines (None) token ids that are not a list of
+    exact ints, which the general path keys (a string as its digest). The holdings, which
+    keep it too, tell it when the workers change."""
     if holdings.table is None or compiled.core is None:
         return None
-    masks = holdings.predictions.masks
-    matcher: Matcher = compiled.core.Matcher(
-        holdings.table, Match, holdings.block_size, stale, holdings.hybrids, lookaheads, masks
-    )
+    matcher: Matcher = compiled.core.Matcher(holdings.table, Match, holdings.block_size)
     matcher.set_workers(holdings.bits.by_position, holdings.known)
     return matcher
 
@@ -139,9 +135,10 @@ def _leading_counts(
     The plain walk (no identities, no lookahead) is compiled where `compiled.core` is."""
     key = root_key(lora_name, cache_salt)
     plain = extra_keys is None and mm_keys is None and not lookahead
-    if plain and compiled.core is not None:
-        walked: Walked = compiled.core.walk(*holders, key, token_ids, size, keys_out)
-    else:
+    walked: Walked | None = None
+    if plain and compiled.core is not None:  # None: a token id it leaves to the pure walk
+        walked = compiled.core.walk(*holders, key, token_ids, size, keys_out)
+    if walked is None:
         request = (token_ids, extra_keys, mm_keys)
         walked = _walk(holders, key, request, size, lookahead, keys_out)
     return counts_of(walked, bits)
@@ -360,7 +357,7 @@ class PrefixIndex:
         self._stale: set[Worker] = set()  # the workers whose view is stale, for answers
         self._strings = False  # a string token id was seen: queries' string ones are digested
         self._lookaheads: set[int] = set()  # lookahead sizes some worker's hashes cover
-        matcher = _matcher_for(self._holdings, self._stale, self._lookaheads)
+        matcher = _matcher_for(self._holdings)
         self._matcher = self._holdings.matcher = matcher  # here: one attribute a query reads
 
     # -- the stream's side ------------------------------------------------------------------
@@ -490,11 +487,19 @@ class PrefixIndex:
         request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
         must be given as its engine would see it, or its blocks are other blocks."""
         matcher = self._matcher  # the usual query, whole in the compiled core (`_matcher_for`)
-        if matcher is not None and extra_keys is None and mm_keys is None:
+        holdings = self._holdings
+        # The one place that decides what a usual query is: no per-block identity, no worker
+        # hybrid or hashing with lookahead, no predictions in force. The Matcher reads none of
+        # these; it declines only what it cannot read in C (anything but exact int ids).
+        if (
+            matcher is not None
+            and extra_keys is None
+            and mm_keys is None
+            and not (holdings.hybrids or self._lookaheads or holdings.predictions.masks)
+        ):
             plain = lora_name is None and cache_salt is None
             key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
-            # once the index has seen a string id it keys one as its digest: ints only here
-            usual: Match | None = matcher(key, token_ids, self._strings)
+            usual: Match | None = matcher(key, token_ids, self._stale)
             if usual is not None:
                 return usual
         if type(token_ids) is not list and (  # a list, the usual: no check against the ABC
