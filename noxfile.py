@@ -95,7 +95,8 @@ def sanitize(session: nox.Session) -> None:
     )
     session.install(f"{tree}[test]")  # the dependencies; the tree's own build shadows this one
     session.chdir(tree)
-    flags = f"{SANITIZERS} -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g"
+    # -UNDEBUG: the asserts that stand for the bounds the code relies on are checked too
+    flags = f"{SANITIZERS} -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g -UNDEBUG"
     build = {"CFLAGS": flags, "LDFLAGS": SANITIZERS}
     session.run("python", "setup.py", "-q", "build_ext", "--inplace", "--force", env=build)
     runtime = subprocess.run(
@@ -107,6 +108,7 @@ def sanitize(session: nox.Session) -> None:
         "PYTHONMALLOC": "malloc",  # every object from malloc, so ASan sees each one freed
         "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
         "TSKV_PURE_PYTHON": "0",
+        "TSKV_EXAMPLES_SCALE": "2",  # each property twice the examples the tests run
     }
     loaded = "import tskv.core.compiled as c; assert c.core is not None, 'no compiled core'"
     session.run("python", "-c", loaded, env=env)

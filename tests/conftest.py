@@ -8,6 +8,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from hypothesis import settings
+
+from tests.strategies import EXAMPLES_SCALE
+
 pytest_plugins = ["pytester"]  # the plugin's own failures are tested in a project of their own
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
@@ -17,6 +21,11 @@ VECTORS = Path(__file__).resolve().parent / "vectors"
 # A handler of our own is reset to the default in each child, so each child hears it again.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+if EXAMPLES_SCALE > 1:  # the properties that name no count of their own are scaled too
+    settings.register_profile("scaled", max_examples=100 * EXAMPLES_SCALE)
+    settings.load_profile("scaled")
 
 
 def load_vectors(name: str) -> list[dict[str, Any]]:

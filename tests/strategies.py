@@ -1,7 +1,9 @@
-"""Hypothesis strategies for events and batches, shared by the codec and publisher tests."""
+"""Hypothesis strategies for events and batches, shared by the codec and publisher tests; and
+how many examples a property runs."""
 
 from __future__ import annotations
 
+import os
 from types import MappingProxyType
 from typing import Any
 
@@ -17,6 +19,16 @@ from tskv import (
     UnknownEvent,
 )
 from tskv.core.events import FIELDS, HASH_LIMIT, HASH_MIN, TOKEN_LIMIT, TOKEN_MIN
+
+# `nox -s sanitize` runs the compiled core's properties with more examples than the tests do:
+# under the sanitizers each example is also a check of the memory it touched.
+EXAMPLES_SCALE = int(os.environ.get("TSKV_EXAMPLES_SCALE", "1"))
+
+
+def examples(count: int) -> int:
+    """`count` examples, scaled by TSKV_EXAMPLES_SCALE."""
+    return count * EXAMPLES_SCALE
+
 
 hashes = st.integers(HASH_MIN, HASH_LIMIT - 1)
 tokens = st.integers(TOKEN_MIN, TOKEN_LIMIT - 1)

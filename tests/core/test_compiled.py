@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tests.strategies import examples
 from tskv.core import block_keys, compiled, filing
 from tskv.core.block_keys import chain_in_python, root_key
 from tskv.core.events import BlockStored, KVEventBatch
@@ -115,7 +116,7 @@ def runs(draw: st.DrawFn) -> tuple[list[tuple[BlockStored, Any]], dict[Any, Any]
     return run, held, size
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(runs())
 def test_a_plain_run_is_keyed_as_filing_keys_it(
     case: tuple[list[tuple[BlockStored, Any]], dict[Any, Any], int],
@@ -158,7 +159,7 @@ def walks(draw: st.DrawFn) -> tuple[Any, ...]:
     return real, predicted, root, request, size
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(walks(), st.booleans())
 def test_walk_gives_the_reference_walk(case: tuple[Any, ...], keep_keys: bool) -> None:
     real, predicted, root, request, size = case
@@ -196,7 +197,7 @@ def matcher_over(
     return matcher, bits, known
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(walks(), st.integers(0, 70), st.sets(st.integers(0, 80), max_size=3))
 def test_a_whole_query_gives_the_reference_answer(
     case: tuple[Any, ...], workers: int, stale_numbers: set[int]
@@ -457,7 +458,7 @@ def test_a_whole_query_names_what_it_refuses() -> None:
 junk = st.one_of(tokens, st.none(), st.text(max_size=2), st.floats(), st.lists(tokens, max_size=2))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     st.one_of(junk, st.lists(junk, max_size=9), st.tuples(junk, junk)),
     st.one_of(hashes, junk),
@@ -712,7 +713,7 @@ class KeyTableAsADict(RuleBasedStateMachine):
 
 
 TestKeyTableAsADict = KeyTableAsADict.TestCase
-TestKeyTableAsADict.settings = settings(max_examples=150, stateful_step_count=40)
+TestKeyTableAsADict.settings = settings(max_examples=examples(150), stateful_step_count=40)
 
 
 @pytest.mark.parametrize(
@@ -771,7 +772,7 @@ def test_a_walk_over_the_table_is_the_walk_over_a_dict() -> None:
         )
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     st.one_of(bits, st.integers(-5, 2**70), junk),
     st.one_of(st.lists(st.lists(st.one_of(keys, junk), max_size=4), max_size=3), junk),
@@ -881,7 +882,7 @@ class BlockMapAsADict(RuleBasedStateMachine):
 
 
 TestBlockMapAsADict = BlockMapAsADict.TestCase
-TestBlockMapAsADict.settings = settings(max_examples=150, stateful_step_count=40)
+TestBlockMapAsADict.settings = settings(max_examples=examples(150), stateful_step_count=40)
 
 
 @pytest.mark.parametrize("kind", ["KeyTable", "BlockMap"])
@@ -1025,3 +1026,30 @@ def test_the_matcher_serves_again_once_no_mask_reaches_past_64_workers() -> None
     table[other] = 1 << 65
     del table[other]
     assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) == {"w": 1}
+
+
+def test_each_copy_of_the_module_keeps_its_own_types_and_state() -> None:
+    """Multi-phase init with module state: a second copy of the module (another interpreter's,
+    or one imported again) makes types of its own, and each copy's functions check against
+    its own types; nothing is shared through a global."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tskv.core._compiled")
+    assert spec is not None and spec.loader is not None
+    again = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(again)
+    assert again.KeyTable is not _compiled.KeyTable and again.Matcher is not _compiled.Matcher
+    theirs, ours = again.KeyTable(), _compiled.KeyTable()
+    ours.update({hash((5, (1, 2))): 1})
+    theirs.update({hash((5, (1, 2))): 1})
+    assert again.walk(theirs, None, 5, [1, 2], 2, None) == _compiled.walk(
+        ours, None, 5, [1, 2], 2, None
+    )
+    with pytest.raises(TypeError, match="real must be a dict or a KeyTable"):
+        again.walk(ours, None, 5, [1, 2], 2, None)  # another module's table: not its type
+    with pytest.raises(TypeError):
+        again.Matcher(ours, Match, 2)
+    matcher = again.Matcher(theirs, Match, 2)
+    matcher.set_workers(("w",), ("w",))
+    assert matcher(5, [1, 2], set()) == {"w": 1}
+    assert again.read_plain(b"\x93\xcb" + bytes(8) + b"\x90\xc0", 4) == (0.0, None, [])

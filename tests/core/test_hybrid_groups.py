@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tskv
+from tests.strategies import examples
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, CacheGroup, KVEvent, decode_batch
 from tskv.core.codec import encode_round
 from tskv.core.snapshot import CacheState, SnapshotBuilder
@@ -190,7 +191,7 @@ def steps(draw: st.DrawFn) -> tuple[CacheGroup, list[list[int]], list[tuple[obje
     return other, chosen_prompts, made
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(steps(), st.booleans(), st.booleans())
 def test_the_index_answers_what_the_engine_would_reuse(
     drawn: tuple[CacheGroup, list[list[int]], list[tuple[object, ...]]],
@@ -300,7 +301,7 @@ def test_a_window_group_skipping_blocks_is_filed_under_the_full_groups_keys() ->
     assert index.engine_hashes("w") == {101, 102, 103, 104}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(steps(), st.sampled_from([1, 3, 64]))
 def test_a_snapshot_of_a_hybrid_stream_rebuilds_the_same_answers(
     drawn: tuple[CacheGroup, list[list[int]], list[tuple[object, ...]]], part_blocks: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.strategies import examples
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, PrefixIndex
 
 SIZE = 4
@@ -83,7 +84,7 @@ def test_memory_is_bounded_whatever_the_router_predicts() -> None:
     assert index.match(list(range(49_000, 49_016))) == {"w0": 4}  # the newest are kept
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
         st.tuples(

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.strategies import examples
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch, MMKey
 from tskv.core.prefix_index import PrefixIndex
 
@@ -125,7 +126,7 @@ def packed(runs: list[list[int]]) -> list[bytes]:
     return [array("q", run).tobytes() for run in runs]
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(
     streams(),
     st.lists(queries, min_size=1, max_size=5),

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.strategies import examples
 from tskv.core import compiled, read_batch
 from tskv.core.codec import DroppedFields, WireError, decode_batch, encode_batch
 from tskv.core.events import (
@@ -99,7 +100,7 @@ def state(index: PrefixIndex) -> Any:
 
 @core_reads
 @given(streams)
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_read_batches_leave_the_index_as_decoded_ones_do(stream: Any) -> None:
     decoded, read = PrefixIndex(2, record_changes=True), PrefixIndex(2, record_changes=True)
     read_payload = reader(2)
@@ -265,7 +266,7 @@ def check_read_as_decoded(payload: bytes, size: int) -> bool:
 
 
 @given(payloads(), st.integers(1, 3))
-@settings(max_examples=1_000)
+@settings(max_examples=examples(1_000))
 def test_the_core_reads_any_payload_as_the_decoder_or_declines(payload: bytes, size: int) -> None:
     check_read_as_decoded(payload, size)
 

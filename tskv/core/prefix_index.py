@@ -486,22 +486,17 @@ class PrefixIndex:
         """For each worker, how many of the request's leading full blocks it holds. The
         request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
         must be given as its engine would see it, or its blocks are other blocks."""
-        matcher = self._matcher  # the usual query, whole in the compiled core (`_matcher_for`)
-        holdings = self._holdings
-        # The one place that decides what a usual query is: no per-block identity, no worker
-        # hybrid or hashing with lookahead, no predictions in force. The Matcher reads none of
-        # these; it declines only what it cannot read in C (anything but exact int ids).
-        if (
-            matcher is not None
-            and extra_keys is None
-            and mm_keys is None
-            and not (holdings.hybrids or self._lookaheads or holdings.predictions.masks)
-        ):
+        matcher, holdings = self._matcher, self._holdings  # the compiled core's (`_matcher_for`)
+        # The one place that decides what a usual query is (no per-block identity, no worker
+        # hybrid or hashing with lookahead, no predictions in force): the Matcher reads none of
+        # it, and declines only what it cannot read in C (token ids other than exact ints).
+        general = holdings.hybrids or self._lookaheads or holdings.predictions.masks
+        if matcher and extra_keys is None and mm_keys is None and not general:
             plain = lora_name is None and cache_salt is None
             key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
-            usual: Match | None = matcher(key, token_ids, self._stale)
-            if usual is not None:
-                return usual
+            answer: Match | None = matcher(key, token_ids, self._stale)
+            if answer is not None:
+                return answer
         if type(token_ids) is not list and (  # a list, the usual: no check against the ABC
             isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence)
         ):
