@@ -72,6 +72,58 @@ def _idle_replay_clients(clients: int, conn: Connection) -> None:
     conn.send(trio.run(main))
 
 
+CORE_ROUNDS = 100_000  # of ten calls into the compiled core each: a million operations
+
+
+def _compiled_core_loop(conn: Connection) -> None:
+    """Resident memory across a million calls into the compiled core, in steady state (what is
+    stored is let go of again): every entry point, with ids in the slots and beside them (a
+    tiered block's), a query answered, a plain batch read from its bytes and its run keyed. A
+    leak of a few bytes a call would be megabytes here (in a fresh process)."""
+    from tskv.core import compiled
+    from tskv.core.block_keys import root_key
+    from tskv.core.events import BlockStored
+    from tskv.core.prefix_index import PLAIN_ROOT, Match
+
+    core = compiled.core
+    if core is None:
+        conn.send(None)
+        return
+    table, blocks = core.KeyTable(), core.BlockMap()
+    matcher = core.Matcher(table, Match, 4)
+    matcher.set_workers(("w",), ("w",))
+    held = {hash((PLAIN_ROOT, (1, 2, 3, 4))): 1}
+    table.update(held)
+
+    def one_round(n: int) -> None:
+        base = (n % 1_000) * 8
+        tokens = list(range(base, base + 8))
+        keys = core.chain(PLAIN_ROOT, [tuple(tokens[:4]), tuple(tokens[4:])])
+        assert keys is not None
+        table.add_new(keys, 2)
+        matcher(PLAIN_ROOT, [1, 2, 3, 4, *tokens], {"w"})
+        core.walk(table, None, PLAIN_ROOT, tokens, 4, [])
+        table.let_go(keys, 2)
+        ids = [base, base + 1, ("CPU", None, base + 2)]
+        blocks.update(zip(ids, [*keys, None], strict=True))
+        blocks.pop_many(ids, None)
+        payload = encode_round(float(n), [BlockStored([base], None, tokens[:4], 4)], 0)
+        read = core.read_plain(payload, 4)
+        assert read is not None
+        core.read_run(read[2], 4, blocks, PLAIN_ROOT)
+        core.plain_run([(BlockStored([base], None, tokens, 4), None)], 4, blocks, root_key)
+        core.pack_keys(keys)
+
+    for n in range(CORE_ROUNDS // 10):  # warm: every list and dict at the size it keeps
+        one_round(n)
+    gc.collect()
+    before = rss()
+    for n in range(CORE_ROUNDS):
+        one_round(n)
+    gc.collect()
+    conn.send((rss() - before, len(table) + len(blocks)))
+
+
 def memory_section(out: Callable[[str], None]) -> None:
     out("\n## Memory (resident growth, each measured in a fresh process)\n")
     samples = [in_fresh_process(_buffer_growth) for _ in range(3)]
@@ -83,3 +135,13 @@ def memory_section(out: Callable[[str], None]) -> None:
     idle = [in_fresh_process(_idle_replay_clients, 50) for _ in range(3)]
     grown = fmt(idle, " MiB", 2**-20, 1)
     out(f"- 50 replay clients asking for 10,000 batches, never reading: {grown}")
+    core = [in_fresh_process(_compiled_core_loop) for _ in range(3)]
+    if None in core:
+        out("- the compiled core over a million operations: not built here")
+        return
+    growth = fmt([grown for grown, _ in core], " MiB", 2**-20, 2)
+    left = sorted({entries for _, entries in core})
+    out(
+        f"- the compiled core over a million calls (every entry point, steady state: "
+        f"{left} entries left at the end): {growth}"
+    )

@@ -137,6 +137,42 @@ def test_no_page_carries_run_history(page: str) -> None:
     )
 
 
+def test_the_performance_page_is_a_page() -> None:
+    lines = TEXT["docs/performance.md"].count("\n")
+    assert lines <= 300, f"docs/performance.md is {lines} lines: at most 300 (history: CHANGELOG)"
+
+
+# A figure of one machine's run: a number with a unit of time or of instructions, or a share of
+# a profile. Code comments keep the reason; the figure goes to the benchmark that reproduces it.
+RUN_FIGURE = re.compile(r"\d[\d.,–-]*\s?(?:ns|µs|us|instructions)\b|\d+(?:\.\d+)?% of (?:a|the)\b")
+SOURCES = sorted(
+    path
+    for pattern in ("*.py", "*.c", "*.h")
+    for path in (ROOT / "tskv").rglob(pattern)
+    if "_cli" not in path.parts and "sim" not in path.parts
+)
+
+
+def comments(path: Path) -> str:
+    """The comments and docstrings of a source file (a C file's comments, a Python file's `#`
+    comments and string literals that stand alone)."""
+    text = path.read_text()
+    if path.suffix in (".c", ".h"):
+        return "\n".join(re.findall(r"/\*.*?\*/", text, re.DOTALL))
+    lines = [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+    docstrings = re.findall(r'"""(.*?)"""', text, re.DOTALL)
+    return "\n".join(lines + docstrings)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: path.relative_to(ROOT).as_posix())
+def test_no_code_comment_carries_a_figure_of_one_run(path: Path) -> None:
+    figures = RUN_FIGURE.findall(comments(path))
+    assert not figures, (
+        f"{path.relative_to(ROOT)} has figures of one machine's run in its comments "
+        f"({figures}): keep the reason, put the figure in the benchmark that measures it"
+    )
+
+
 def test_the_api_reference_has_every_public_name() -> None:
     reference = (ROOT / "docs" / "api.rst").read_text()
     # names of `tskv` itself; a dotted one is another module's (the service's), which Sphinx

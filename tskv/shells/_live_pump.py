@@ -4,17 +4,17 @@ on all the sockets that signalled.
 A task per socket cost a wake-up, an epoll re-arm and two EVENTS reads per message. Here the
 sockets' ZeroMQ fds sit in one epoll set of our own, Trio waits on that set's fd, and one pass
 drains every socket it names, so messages that arrive together (workers publishing in step, a
-reader that fell behind) are taken together: on loopback with 32 workers in step, 61 µs of CPU
-a message with a task per socket, 27 with one pass.
+reader that fell behind) are taken together, for the price of one wake-up.
 
-Messages that come one after another (workers publishing in turn, each a wakeup of its own: 40 µs
-of CPU a message in Trio here) are gathered: while they come less than `gather` apart (the
-time between them is tracked, half the last pass's and half what it was), the pump makes its
-next pass `gather` after the last, whatever signalled meanwhile, so that a pass takes one
-message or more; a pass that finds nothing puts it back on the sockets. A message waits at most
-`gather` for its pass (GATHER in a router's own watcher; a reader process, whose frames wait
-anyway, gathers longer), and messages further apart (a few workers, or a quiet stream) are each
-taken as it comes, a wakeup each: a timer pass would most often find nothing, and cost one more.
+Messages that come one after another (workers publishing in turn, each a wakeup of its own,
+which costs more CPU in Trio than taking the message) are gathered: while they come less than
+`gather` apart (the time between them is tracked, half the last pass's and half what it was),
+the pump makes its next pass `gather` after the last, whatever signalled meanwhile, so that a
+pass takes one message or more; a pass that finds nothing puts it back on the sockets. A
+message waits at most `gather` for its pass (GATHER in a router's own watcher; a reader
+process, whose frames wait anyway, gathers longer), and messages further apart (a few workers,
+or a quiet stream) are each taken as it comes, a wakeup each: a timer pass would most often
+find nothing, and cost one more.
 
 A watcher's follower that waits on an empty inbox is not woken for its messages: the feed's
 `inline` (`Subscriber._deliver_now`) sequences them and applies their batches in the pump's pass,

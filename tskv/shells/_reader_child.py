@@ -62,8 +62,8 @@ FRAME_PASSES = 2  # under load a frame goes every this many of the pump's passes
 FRAME_QUIET = 2 * GATHER  # news from elsewhere while the pump is idle: gathered this long
 FRAME_DELAY = 0.02
 # A report carries a worker's batches since its last one, at most this many: the index's
-# process reads, checks and files a report for some 5 µs beside its holds (at 64 workers a
-# frame held 1.5 batches a worker), and applies each whole between its queries.
+# process pays a fixed cost to read, check and file each report beside its holds, and applies
+# each whole between its queries, so a few batches share one report and no report is long.
 MERGED_BATCHES = 8
 
 
@@ -283,8 +283,7 @@ def main() -> None:
     os.dup2(2, 1)  # a stray print must not corrupt the frames
     sys.stdout = sys.stderr
     # This process is ours: its imports never die, and each batch makes objects by the
-    # hundred, so the default collector scanned the same modules again and again (4% of a
-    # reader's time in the fleet bench's profile).
+    # hundred, so the default collector would scan the same modules again and again.
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
     try:

@@ -100,7 +100,7 @@ class TrioSocket:
         always holds (in the fleet bench 32 of 15,700 passes found none), so the first receive
         is tried without asking; one that fails asks EVENTS all the same, which the fd needs to
         signal again. Each frame is taken as a zmq.Frame, whose `more` says whether another
-        follows: `recv_multipart` asks RCVMORE after each, 1.3 µs a message more here.
+        follows: `recv_multipart` asks RCVMORE after each, a call into libzmq a frame more.
         """
         self._check_open()
         sock = self.sock
