@@ -3,6 +3,7 @@ decoded with every field kept, and nothing but WireError out of any input."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import subprocess
@@ -26,7 +27,7 @@ from tskv import (
     WireError,
     decode_batch,
 )
-from tskv.core.codec import DroppedFields, available_codecs, encode_round
+from tskv.core.codec import DroppedFields, available_codecs, decode, encode_batch, encode_round
 from tskv.core.codec_parity import MAX_NESTING
 from tskv.core.events import FIELDS, OPTIONAL_FIELDS, event_fields
 
@@ -562,3 +563,25 @@ def test_every_optional_field_leaves_the_tokenspeed_fast_path_and_reaches_the_vl
     assert payload is not None
     [decoded] = decode_batch(payload).events
     assert getattr(decoded, name) == SAMPLE_VALUES[name]
+
+
+def test_decoding_returns_how_many_unknown_events_it_saw_whatever_else_decodes() -> None:
+    """What the decoder saw comes back with what it made, as h11's parser returns events: no
+    count kept in the module, which another decode meanwhile (another thread, a nested call)
+    would move between a caller's before and after."""
+
+    odd = [UnknownEvent("BlockPinned", {"1": 3}), BlockRemoved([1]), UnknownEvent("X", {})]
+    with_unknown = encode_batch(KVEventBatch(1.0, odd), "vllm")
+    plain = encode_batch(KVEventBatch(1.0, [BlockRemoved([2])]))
+
+    def decode_many(payload: bytes, expected: int) -> list[int]:
+        return [count for _, count in (decode(payload) for _ in range(2_000)) if count != expected]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        wrong = [
+            pool.submit(decode_many, payload, expected)
+            for payload, expected in [(with_unknown, 2), (plain, 0)] * 2
+        ]
+        assert [future.result() for future in wrong] == [[]] * 4
+    batch, count = decode(with_unknown)
+    assert count == 2 and batch.events == odd

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import examples
-from tskv.core import compiled, read_batch
+from tskv.core import codec, compiled, read_batch
 from tskv.core.codec import DroppedFields, WireError, decode_batch, encode_batch
 from tskv.core.events import (
     AllBlocksCleared,
@@ -107,8 +107,11 @@ def test_read_batches_leave_the_index_as_decoded_ones_do(stream: Any) -> None:
     for worker, events, wire in stream:
         quiet = DroppedFields(lambda _: None)  # TokenSpeed's wire drops the optional fields
         payload = encode_batch(KVEventBatch(1.0, events), wire, dropped=quiet)
-        decoded.apply(worker, decode_batch(payload))
-        read.apply(worker, read_payload(payload))
+        batch = decode_batch(payload)
+        decoded.apply(worker, batch)
+        made, unknown = read_payload(payload)
+        read.apply(worker, made)
+        assert unknown == sum(isinstance(event, UnknownEvent) for event in batch.events)
         assert state(read) == state(decoded)
         assert read.take_changes(worker) == decoded.take_changes(worker)
 
@@ -117,8 +120,8 @@ def test_read_batches_leave_the_index_as_decoded_ones_do(stream: Any) -> None:
 def test_a_plain_tokenspeed_batch_is_read_and_anything_else_decoded() -> None:
     plain = [BlockStored([1, 2], None, list(range(4)), 2), BlockRemoved([1]), AllBlocksCleared()]
     read_payload = reader(2)
-    made = read_payload(encode_batch(KVEventBatch(2.5, plain, 3)))
-    assert isinstance(made, ReadBatch)
+    made, unknown = read_payload(encode_batch(KVEventBatch(2.5, plain, 3)))
+    assert isinstance(made, ReadBatch) and unknown == 0
     assert (made.ts, made.attn_dp_rank) == (2.5, 3)
     assert [step[0] for step in made.steps] == [STORED, REMOVED, CLEARED]
     assert made.events == plain  # decoded from its payload when asked
@@ -126,14 +129,14 @@ def test_a_plain_tokenspeed_batch_is_read_and_anything_else_decoded() -> None:
         encode_batch(KVEventBatch(2.5, plain), "vllm"),
         encode_batch(KVEventBatch(2.5, [BlockStored([1], None, [1, 2], 2, lora_id=4)]), "vllm"),
     ):
-        assert isinstance(read_payload(other), KVEventBatch)
+        assert isinstance(read_payload(other)[0], KVEventBatch)
     with pytest.raises(WireError):
         read_payload(b"\x92\xa1x")
 
 
 def test_the_pure_path_decodes_every_payload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiled, "core", None)
-    assert read_batch.reader(16) is decode_batch
+    assert read_batch.reader(16) is codec.decode
 
 
 # -- what the core reads is what the decoder reads ---------------------------------------------

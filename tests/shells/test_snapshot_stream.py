@@ -15,6 +15,7 @@ import tskv
 from tests.zmq_helpers import LOOPBACK, inproc_name, publish_parts, raw_socket
 from tskv import KVEvent, Loss, LossReason
 from tskv.core import frames
+from tskv.core.codec import decode
 from tskv.shells.publisher import REPLAY_PIPE
 from tskv.sim import CacheView, Simulator, Workload, run_round
 
@@ -235,9 +236,8 @@ async def test_decoding_a_snapshot_lets_the_consumers_loop_run_between_its_parts
     """Decoded in one go, a 400,000-block snapshot held the consumer's loop for 0.65 s."""
     ticks = 0
     seen: list[int] = []  # the ticks counted at each part's decoding
-    decode = tskv.decode_batch
 
-    def counted(payload: bytes) -> tskv.KVEventBatch:
+    def counted(payload: bytes) -> tuple[tskv.KVEventBatch, int]:
         seen.append(ticks)
         return decode(payload)
 

@@ -237,6 +237,9 @@ def plain_events(
     return wire(events, dropped or _UNATTRIBUTED)
 
 
+Decoded = tuple[KVEventBatch, int]  # a batch, and how many events of an unknown type it holds
+
+
 @attrs.frozen
 class Codec:
     """One msgpack implementation: plain values to bytes, and bytes to a batch."""
@@ -261,7 +264,8 @@ class Codec:
         plain = plain_events(batch.events, wire_format, strict=strict)
         return self.pack_batch(batch.ts, plain, batch.attn_dp_rank, batch.events)
 
-    def decode_batch(self, payload: bytes) -> KVEventBatch:
+    def decode(self, payload: bytes) -> Decoded:
+        """The batch, and how many of its events are of a type tskv does not know."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise WireError(f"payload must be bytes, got {type(payload).__name__}")
         if self.decode_fast is not None:
@@ -274,14 +278,17 @@ class Codec:
                     if type(event) is BlockStored and event.extra_keys is not None:
                         _refuse_what_codecs_read_apart(batch)
                         break
-                return batch
+                return batch, 0  # the typed decoder knows only tskv's own event types
         try:
             raw = self.unpack(bytes(payload))
         except Exception as exc:  # every decoder failure, whatever its class, is a wire error
             raise WireError(f"payload is not valid msgpack ({exc})") from None
         batch = from_plain(raw)
         _refuse_what_codecs_read_apart(batch)
-        return batch
+        return batch, sum(type(event) is UnknownEvent for event in batch.events)
+
+    def decode_batch(self, payload: bytes) -> KVEventBatch:
+        return self.decode(payload)[0]
 
 
 def _refuse_what_codecs_read_apart(batch: KVEventBatch) -> None:
@@ -391,7 +398,14 @@ def encode_round(
 
 def decode_batch(payload: bytes) -> KVEventBatch:
     """Parse a payload frame from any known publisher; raise `WireError` for anything else."""
-    return ACTIVE.decode_batch(payload)
+    return ACTIVE.decode(payload)[0]
+
+
+def decode(payload: bytes) -> Decoded:
+    """`decode_batch`, and how many of the batch's events are of a type tskv does not know
+    (`UnknownEvent`): what the decoding saw, returned with what it made, so that a subscriber
+    counts them without walking every batch's events."""
+    return ACTIVE.decode(payload)
 
 
 # -- the general decoding path: every dialect, every value checked in Python ----------------
@@ -451,7 +465,6 @@ def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]] | UnknownEvent:
         if not isinstance(tag, str):
             raise WireError(f"event {index}: a map event needs a string 'type', got {_show(tag)}")
         if tag not in _NAMES:
-            SEEN.unknown_events += 1
             return UnknownEvent(tag, _read_only({k: v for k, v in raw.items() if k != "type"}))
         required, optional = _NAMES[tag]
         missing = [name for name in required if name not in raw and name != "parent_block_hash"]
@@ -470,7 +483,6 @@ def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]] | UnknownEvent:
         if not isinstance(tag, str):
             raise WireError(f"event {index}: an array event starts with its type, got {_show(tag)}")
         if tag not in _NAMES:
-            SEEN.unknown_events += 1
             return UnknownEvent(tag, _read_only({str(i): v for i, v in enumerate(raw) if i}))
         required = _NAMES[tag][0]
         if len(raw) - 1 < len(required):
@@ -485,16 +497,6 @@ def _fields(index: int, raw: Any) -> tuple[str, dict[str, Any]] | UnknownEvent:
             fields["unknown_fields"] = _read_only(extra)
         return tag, fields
     raise WireError(f"event {index}: must be a tagged array or map, got {_show(raw)}")
-
-
-class _Seen:
-    """What the general decoding path has met, for the subscriber to notice cheaply: it reads
-    the count before and after decoding a batch, instead of walking every batch's events."""
-
-    unknown_events = 0
-
-
-SEEN = _Seen()
 
 
 def _read_only(fields: dict[str, Any]) -> Mapping[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from tskv.core import compiled
-from tskv.core.codec import decode_batch
+from tskv.core.codec import decode, decode_batch
 from tskv.core.events import KVEvent, KVEventBatch
 
 # A step is one event as the core read it: (STORED, hashes, parent, contents, block_size),
@@ -58,23 +58,25 @@ def runs_of(steps: list[Step]) -> Iterator[tuple[int, int, list[Step]]]:
         start = end
 
 
-Reader = Callable[[bytes], "KVEventBatch | ReadBatch"]
+# What a subscriber decodes a payload with: the batch, and how many of its events are of a
+# type tskv does not know (a batch the core read has none: it reads only plain known events)
+Reader = Callable[[bytes], "tuple[KVEventBatch | ReadBatch, int]"]
 
 
 def reader(block_size: int) -> Reader:
     """How a watcher's subscriber decodes the payloads for an index of `block_size`: a
-    `ReadBatch` when the compiled core reads it, else `decode_batch` (which raises
+    `ReadBatch` when the compiled core reads it, else `codec.decode` (which raises
     `WireError` for what no dialect holds)."""
     core = compiled.core
     if core is None:
-        return decode_batch
+        return decode
     read_plain = core.read_plain
 
-    def read(payload: bytes) -> KVEventBatch | ReadBatch:
+    def read(payload: bytes) -> tuple[KVEventBatch | ReadBatch, int]:
         made = read_plain(payload, block_size)
         if made is None:
-            return decode_batch(payload)
+            return decode(payload)
         ts, rank, steps = made
-        return ReadBatch(ts, rank, steps, payload)
+        return ReadBatch(ts, rank, steps, payload), 0
 
     return read

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tskv.core.codec import WireError, decode_batch
+from tskv.core.codec import WireError, decode
 from tskv.core.events import KVEvent, KVEventBatch
 from tskv.core.read_batch import ReadBatch, Reader
 from tskv.shells._background import Pacer
@@ -30,7 +30,7 @@ class SnapshotParts:
         pacer: Pacer,
         failed: Callable[[WireError], None],
         completed: Callable[[], None],
-        read: Reader = decode_batch,  # the subscriber's
+        read: Reader = decode,  # the subscriber's
     ) -> None:
         self._payloads = payloads
         self._read = read
@@ -53,7 +53,7 @@ class SnapshotParts:
         if self._taken and self._pacer.due():
             await self._pacer.yield_now()
         try:
-            part = self._read(self._payloads[self._taken])
+            part, _ = self._read(self._payloads[self._taken])  # a part holds known events
         except WireError as exc:
             self._broken = True
             self._failed(exc)

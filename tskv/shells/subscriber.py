@@ -32,7 +32,7 @@ from tskv.core.actions import (
     SnapshotTooLarge,
     Synced,
 )
-from tskv.core.codec import SEEN, WireError, decode_batch
+from tskv.core.codec import WireError, decode
 from tskv.core.config import MAX_MESSAGE_BYTES, SubscriberConfig
 from tskv.core.delivery import MAX_SNAPSHOT_BYTES
 from tskv.core.endpoints import check_endpoint, should_bind
@@ -120,7 +120,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         replay: ReplayClient | None,
         on_silence: Callable[[bool], object] | None = None,
         on_synced: Callable[[], object] | None = None,
-        read: Reader = decode_batch,
+        read: Reader = decode,
     ) -> None:
         self.config = config  # the settings it runs with
         self.endpoint = endpoint  # as really bound, when the subscriber binds
@@ -232,15 +232,14 @@ class Subscriber(metaclass=NoPublicConstructor):
         """The batch `item` carries, counted; None if it does not decode (reported lost).
         Decoded only when delivered, one at a time: a burst decoded ahead would keep thousands
         of lists alive for the garbage collector to walk again and again."""
-        unknown = SEEN.unknown_events
         try:
-            batch = self._read(item.payload)
+            batch, unknown = self._read(item.payload)
         except WireError as exc:
             self._undecodable += 1
             self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
             self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
             return None
-        if SEEN.unknown_events != unknown:
+        if unknown:
             self._unknown.note(item.seq, batch)
         self._delivered += 1
         self._repaired += item.repaired
@@ -478,7 +477,7 @@ async def subscribe(
     on_synced: Callable[[], object] | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     pump: LivePump | None = None,
-    read: Reader = decode_batch,
+    read: Reader = decode,
     inline: Inline | None = None,
 ) -> AsyncIterator[Subscriber]:
     """`open_subscriber` with its settings already made into a `SubscriberConfig` (the
