@@ -187,3 +187,15 @@ def test_no_module_class_or_function_is_too_big_to_read_at_once() -> None:
             if function and node.name not in FLAG_LISTS and code_lines(node) > MAX_FUNCTION:
                 too_big.append(f"{path.name} {node.name}(): {code_lines(node)}")
     assert too_big == []
+
+
+def test_every_class_says_why_it_exists() -> None:
+    """A class is a concept a reader meets: each one opens with a docstring saying why it is
+    there (its fields say what it holds)."""
+    silent = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and ast.get_docstring(node) is None
+    ]
+    assert silent == []

@@ -10,7 +10,9 @@ import attrs
 from tskv.core.losses import Loss
 
 
-class Deliver(NamedTuple):  # one per batch: a tuple is the cheapest value to make
+class Deliver(NamedTuple):
+    """A batch for the consumer, in order: one per batch, so a tuple, the cheapest value to make."""
+
     seq: int
     payload: bytes
     repaired: bool  # fetched from replay to fill a hole (a start_seq bootstrap's batches are not)
@@ -28,6 +30,8 @@ class DeliverSnapshot(NamedTuple):
 
 @attrs.frozen
 class RequestReplay:
+    """Ask the replay endpoint for what came from `start_seq` on: a hole to fill, or a probe."""
+
     start_seq: int
     request_id: int
     probe: bool = False  # asked because the stream went quiet: a refusal proves it alive
@@ -35,6 +39,8 @@ class RequestReplay:
 
 @attrs.frozen
 class RequestSnapshot:
+    """Ask the replay endpoint for the publisher's state: the gap is past its buffer."""
+
     request_id: int
 
 

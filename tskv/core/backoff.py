@@ -18,6 +18,9 @@ import attrs
 
 @attrs.define
 class Backoff:
+    """Waits between retries that grow to `longest` with jitter, so that many clients retrying
+    one publisher do not come back in step."""
+
     first: float
     longest: float
     uniform: Callable[[float, float], float] = random.uniform

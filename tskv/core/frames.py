@@ -96,6 +96,9 @@ def describe_request() -> list[bytes]:
 
 @attrs.frozen
 class ReplayRequest:
+    """A replay endpoint's request as parsed: who asked, in which form (which decides how it is
+    answered), and from which seq."""
+
     client: bytes
     form: RequestForm
     start_seq: int  # END_SEQ for a snapshot or a descriptor

@@ -61,6 +61,8 @@ class Follow:
 
 @attrs.frozen
 class Unfollow:
+    """Stop following the worker of `slot` (it was removed from the watcher)."""
+
     slot: int
 
 
@@ -106,6 +108,8 @@ class LogLine:
 
 @attrs.frozen
 class Hashes:
+    """The answer to `AskHashes`: the engine hashes the reader's index holds for that slot."""
+
     question: int
     hashes: list[int]
 

@@ -45,6 +45,8 @@ class Outcome(enum.Enum):
 
 @attrs.frozen
 class Received:
+    """What the replay server made of a request: the outcome the shell counts and logs."""
+
     outcome: Outcome
     detail: str = ""  # the refusal's reason, or what was wrong with the request
 
@@ -71,6 +73,8 @@ class Abandoned:
 
 @attrs.define
 class _Job:
+    """One replay under way: where it is, where it stops, and when it may go on (the rate limit)."""
+
     client: bytes
     next_seq: int
     stop_seq: int  # the newest seq when the request came (or the per-request cap): ends there

@@ -27,6 +27,8 @@ BlockKeys: TypeAlias = "dict[BlockId, Any] | BlockMap"
 
 
 class Tiered(Protocol):
+    """What `tier_of` reads of an event: any stored or removed event, of any wire."""
+
     @property
     def medium(self) -> str | None: ...
 

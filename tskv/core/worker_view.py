@@ -23,6 +23,8 @@ from tskv.core.losses import Loss, LossReason
 
 
 class ViewChange(enum.Enum):
+    """What a worker's view decides and the index carries out: the one vocabulary between them."""
+
     CLEAR = "clear"  # forget the worker's blocks
     STALE = "stale"  # answers about it are not to be trusted
     CURRENT = "current"  # its view is whole again

@@ -22,6 +22,8 @@ class KeyFileError(TskvError, ValueError):
 
 @attrs.frozen
 class KeyPair:
+    """A CURVE key pair as read from a file: the secret half is never shown in a repr."""
+
     public: bytes  # Z85, 40 bytes
     secret: bytes = attrs.field(repr=lambda _: "<hidden>")  # never in logs or tracebacks
 

@@ -21,24 +21,32 @@ class Live:
 
 @attrs.frozen
 class Replayed:
+    """A replay reply, for the subscriber's sequencer, tagged with the request it answers."""
+
     request_id: int
     reply: frames.ReplayReply
 
 
 @attrs.frozen
 class SnapshotPart:
+    """A snapshot's part, tagged with the request it answers."""
+
     request_id: int
     part: frames.SnapshotPart
 
 
 @attrs.frozen
 class ReplayFailed:
+    """A replay or snapshot request that will not be answered, and why (for the loss report)."""
+
     request_id: int
     reason: LossReason
 
 
 @attrs.frozen
 class BadFrames:
+    """A replay reply that could not be parsed: the sequencer treats the request as failed."""
+
     error: str
 
 

@@ -20,6 +20,9 @@ from tskv.shells._watched import Roster, log_failure
 
 
 class ReaderMirror:
+    """The index's process's side of its reader processes: their reports applied to the router's
+    index, their figures kept, their losses handed to `on_loss`."""
+
     def __init__(
         self,
         index: PrefixIndex,

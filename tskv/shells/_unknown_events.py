@@ -14,6 +14,9 @@ MAX_TYPES_LOGGED = 64
 
 
 class UnknownEvents:
+    """Events of a type tskv does not know, counted for `statistics()` and each new type logged
+    once: a publisher newer than this consumer is news, not an error."""
+
     def __init__(self) -> None:
         self.count = 0
         self._types: set[str] = set()

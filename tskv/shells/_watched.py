@@ -17,6 +17,9 @@ from tskv.core.worker_view import WorkerFigures
 
 @attrs.define
 class Watched:
+    """A watched worker: where it publishes, its settings, its follower's cancel scope, and its
+    figures, which `Watcher.status` hands out and `wait_for_seq` waits on."""
+
     endpoint: str
     replay_endpoint: str | None
     config: SubscriberConfig

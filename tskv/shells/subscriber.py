@@ -72,6 +72,9 @@ INBOX_SIZE = 4  # items in the inbox; a live item holds up to LIVE_BURST message
 
 @attrs.frozen
 class SubscriberStatistics:
+    """A subscriber's counts at one moment (`Subscriber.statistics()`), frozen so a caller can
+    keep and compare them."""
+
     received: int  # live messages taken off the SUB socket
     delivered: int  # batches handed to the consumer
     repaired: int  # of those, how many replay gave to fill a hole (not a start_seq start)

@@ -13,6 +13,8 @@ from tskv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEven
 
 @attrs.define
 class _Block:
+    """A cached block of the simulated prefix cache: its parent, who uses it, when it was used."""
+
     parent: int | None
     refs: int = 0
     children: int = 0

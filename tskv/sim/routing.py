@@ -54,6 +54,8 @@ def make_policy(name: str, seed: int) -> Policy:
 
 @attrs.frozen
 class RoutingOptions:
+    """How a routing simulation runs; the CLI's flags map onto these one to one."""
+
     workers: int = 4
     rounds: int = 300
     requests_per_round: int = 2
@@ -65,6 +67,8 @@ class RoutingOptions:
 
 @attrs.define
 class PolicyResult:
+    """What one policy achieved in a routing simulation, and whether the index stayed exact."""
+
     policy: str
     prompt_tokens: int = 0
     prefilled_tokens: int = 0  # prompt tokens not in the chosen worker's cache when routed

@@ -34,6 +34,8 @@ class SimOptions:
 
 @attrs.define
 class _Rank:
+    """One simulated DP rank: its cache, its workload, its publisher and what it published."""
+
     sim: Simulator
     workload: Workload
     publisher: Publisher

@@ -29,6 +29,8 @@ class TraceError(TskvError, ValueError):
 
 @attrs.frozen
 class TraceRequest:
+    """One request of a Mooncake-format trace: when it came, its lengths, its blocks' hashes."""
+
     timestamp_ms: int
     input_length: int
     output_length: int

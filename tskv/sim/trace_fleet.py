@@ -22,6 +22,8 @@ from tskv.sim.trace import TRACE_BLOCK, TraceRequest
 
 @attrs.frozen
 class Served:
+    """What a simulated worker did with a request: what it found cached, and what it publishes."""
+
     cached_tokens: int  # of the prompt, found in the worker's cache
     events: list[KVEvent]  # what the worker publishes once the prefill is done
     done_at: float  # when that is, in trace seconds

@@ -49,6 +49,8 @@ _RUNS = itertools.count()
 
 @attrs.frozen
 class TraceOptions:
+    """How a trace is replayed through a router; the CLI's flags map onto these one to one."""
+
     workers: int = 8
     cache_tokens: int = 3_000_000
     block_size: int = 64
@@ -62,6 +64,8 @@ class TraceOptions:
 
 @attrs.define
 class TraceResult:
+    """What one policy achieved over a trace: hits, load, and whether the index stayed exact."""
+
     policy: str
     model: str = "full"
     prompt_tokens: int = 0
