@@ -442,8 +442,20 @@ def test_a_run_keys_the_token_ids_as_they_are_once_its_parent_is_found() -> None
 
 def test_a_whole_query_names_what_it_refuses() -> None:
     table = _compiled.KeyTable()
-    with pytest.raises(TypeError, match="answer callable"):
-        _compiled.Matcher(table, 5, 1)
+    with pytest.raises(TypeError, match="answer a dict subclass"):
+        _compiled.Matcher(table, list, 1)
+
+    class Unslotted(dict[Any, int]):
+        stale = workers = block_size = predicted = lower = None
+
+    with pytest.raises(AttributeError):  # no __slots__ of its own to compare
+        _compiled.Matcher(table, Unslotted, 1)
+
+    class Grown(dict[Any, int]):  # a slot the Matcher would leave unset: refused, loudly
+        __slots__ = (*Match.__slots__, "cost")
+
+    with pytest.raises(TypeError, match="teach matcher.h the new one"):
+        _compiled.Matcher(table, Grown, 1)
     with pytest.raises(TypeError, match="size at least 1"):
         _compiled.Matcher(table, Match, 0)
     with pytest.raises(TypeError, match="no keyword arguments"):

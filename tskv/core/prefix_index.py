@@ -75,7 +75,7 @@ class Match(dict[Worker, int]):
         block_size: int | None = None,
         workers: tuple[Worker, ...] | None = None,
     ) -> None:
-        dict.__init__(self, counts)  # not super(): the compiled Matcher calls this per query
+        super().__init__(counts)
         self.stale = stale
         self.predicted = {} if predicted is None else predicted
         self.lower = {} if lower is None else lower
@@ -100,9 +100,9 @@ class Match(dict[Worker, int]):
 def _matcher_for(holdings: Holdings) -> Matcher | None:
     """The compiled core's `Matcher` for an index, where this process has the core: a usual
     query (`PrefixIndex.match` decides which are) in one call, which walks, counts and makes
-    the `Match` through its constructor; it declines (None) token ids that are not a list of
-    exact ints, which the general path keys (a string as its digest). The holdings, which
-    keep it too, tell it when the workers change."""
+    the `Match` (it refuses a `Match` whose slots are not the ones it fills); it declines
+    (None) token ids that are not a list of exact ints, which the general path keys (a string
+    as its digest). The holdings, which keep it too, tell it when the workers change."""
     if holdings.table is None or compiled.core is None:
         return None
     matcher: Matcher = compiled.core.Matcher(holdings.table, Match, holdings.block_size)

@@ -95,6 +95,55 @@ class SubscriberStatistics:
     silent: bool  # the publisher is silent right now: its view is not to be trusted
 
 
+@attrs.define
+class SubscriberCounts:
+    """A subscriber's running counts, in the one object every count changes in, which
+    `statistics()` freezes with what is read live (as trio's MemoryChannelState is kept)."""
+
+    received: int = 0
+    delivered: int = 0
+    repaired: int = 0
+    snapshots: int = 0
+    undecodable: int = 0
+    replay_requests: int = 0
+    probes: int = 0
+    silences: int = 0
+    losses: LossCounts = attrs.Factory(LossCounts)
+    unknown: UnknownEvents = attrs.Factory(UnknownEvents)
+
+    def frozen(
+        self,
+        *,
+        replay_refusals: int,
+        held: int,
+        handshakes: int,
+        handshake_failures: int,
+        silent: bool,
+    ) -> SubscriberStatistics:
+        """These counts, with the figures read at the moment, frozen."""
+        losses = self.losses
+        return SubscriberStatistics(
+            received=self.received,
+            delivered=self.delivered,
+            repaired=self.repaired,
+            lost=losses.lost,
+            replaced=losses.replaced,
+            snapshots=self.snapshots,
+            losses=losses.losses,
+            restarts=losses.restarts,
+            undecodable=self.undecodable,
+            unknown_events=self.unknown.count,
+            replay_requests=self.replay_requests,
+            probes=self.probes,
+            silences=self.silences,
+            replay_refusals=replay_refusals,
+            held=held,
+            handshakes=handshakes,
+            handshake_failures=handshake_failures,
+            silent=silent,
+        )
+
+
 Delivery = tuple[int, KVEventBatch | ReadBatch | SnapshotParts]  # a seq, and what came with it
 
 
@@ -137,38 +186,16 @@ class Subscriber(metaclass=NoPublicConstructor):
         self._on_synced = on_synced
         self._ready: deque[Deliver | DeliverSnapshot | Loss | Silence | Synced] = deque()
         self._bad_log = LogLimiter(interval=1.0)
-        self._received = 0
-        self._delivered = 0
-        self._repaired = 0
-        self._losses = LossCounts()
-        self._snapshots = 0
-        self._undecodable = 0
-        self._unknown = UnknownEvents()
-        self._replay_requests = 0
-        self._probes = 0
-        self._silences = 0
+        self._counts = SubscriberCounts()
         self._pacer = Pacer()
         self._read = read  # a watcher's reads plain batches without making their events
 
     def statistics(self) -> SubscriberStatistics:
-        return SubscriberStatistics(
-            received=self._received,
-            delivered=self._delivered,
-            repaired=self._repaired,
-            lost=self._losses.lost,
-            replaced=self._losses.replaced,
-            snapshots=self._snapshots,
-            losses=self._losses.losses,
-            restarts=self._losses.restarts,
-            undecodable=self._undecodable,
-            unknown_events=self._unknown.count,
-            replay_requests=self._replay_requests,
+        return self._counts.frozen(
             replay_refusals=0 if self._replay is None else self._replay.refusals,
             held=len(self._sequencer.order.pending),
             handshakes=sum(monitor.handshakes for monitor in self._monitors),
             handshake_failures=sum(monitor.handshake_failures for monitor in self._monitors),
-            probes=self._probes,
-            silences=self._silences,
             silent=self._sequencer.silent,
         )
 
@@ -238,14 +265,14 @@ class Subscriber(metaclass=NoPublicConstructor):
         try:
             batch, unknown = self._read(item.payload)
         except WireError as exc:
-            self._undecodable += 1
+            self._counts.undecodable += 1
             self._bad_log.warning("batch %d does not decode: %s", item.seq, exc)
             self._report(Loss(item.seq, item.seq, LossReason.UNDECODABLE))
             return None
         if unknown:
-            self._unknown.note(item.seq, batch)
-        self._delivered += 1
-        self._repaired += item.repaired
+            self._counts.unknown.note(item.seq, batch)
+        self._counts.delivered += 1
+        self._counts.repaired += item.repaired
         return batch
 
     def _deliver_now(self, inline: Inline, messages: list[list[bytes]]) -> bool | None:
@@ -271,7 +298,7 @@ class Subscriber(metaclass=NoPublicConstructor):
         (and if one does not, everything up to its seq is)."""
 
         def failed(exc: WireError) -> None:
-            self._undecodable += 1
+            self._counts.undecodable += 1
             self._bad_log.warning("snapshot after seq %d does not decode: %s", item.seq, exc)
             start = 0 if item.replaced is None else item.replaced
             self._report(Loss(start, item.seq, LossReason.UNDECODABLE))
@@ -279,13 +306,13 @@ class Subscriber(metaclass=NoPublicConstructor):
         def completed() -> None:
             if item.replaced is not None:
                 self._report(Loss(item.replaced, item.seq, LossReason.SNAPSHOT))
-            self._snapshots += 1
-            self._delivered += 1
+            self._counts.snapshots += 1
+            self._counts.delivered += 1
 
         return SnapshotParts(item.payloads, self._pacer, failed, completed, self._read)
 
     def _take_live(self, message: list[bytes]) -> list[Action]:
-        self._received += 1
+        self._counts.received += 1
         try:
             _, seq, payload = frames.parse_live_message(message)
         except frames.FrameError as exc:
@@ -315,7 +342,7 @@ class Subscriber(metaclass=NoPublicConstructor):
             if inbound.up:
                 return self._sequencer.reconnected()
             return self._sequencer.disconnected()
-        self._undecodable += 1
+        self._counts.undecodable += 1
         self._bad_log.warning("ignoring a message that is not a KV event batch: %s", inbound.error)
         return []
 
@@ -326,20 +353,20 @@ class Subscriber(metaclass=NoPublicConstructor):
             elif isinstance(action, SnapshotTooLarge):
                 _log_too_large(self.endpoint, self.config.max_snapshot_bytes, action.size)
             else:
-                self._replay_requests += 1
-                self._probes += isinstance(action, RequestReplay) and action.probe
+                self._counts.replay_requests += 1
+                self._counts.probes += isinstance(action, RequestReplay) and action.probe
                 if self._replay is not None:
                     self._replay.supersede()  # a new request replaces the one under way
                 self._requests.send_nowait(action)  # unbounded: at most one per gap or quiet
 
     def _report_silence(self, silence: Silence) -> None:
-        self._silences += silence.silent
+        self._counts.silences += silence.silent
         _log_silence(self.endpoint, silence)
         if self._on_silence is not None:
             self._on_silence(silence.silent)
 
     def _report(self, loss: Loss) -> None:
-        self._losses.add(loss)
+        self._counts.losses.add(loss)
         logger.warning("%s (%s)", loss.describe(), self.endpoint)
         if self._on_loss is not None:
             self._on_loss(loss)

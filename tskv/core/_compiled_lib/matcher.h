@@ -10,7 +10,7 @@ none can change under it unnoticed. It declines (None) what the pure path must a
 ids that are not a list of exact ints (a string, which the index keys as its digest; an int
 subclass, whose hash may be its own), a root key that is not an exact int, a worker whose hash
 is not C's own (plain_worker), a table with masks past 64 bits. So no Python code runs from the
-moment it reads the request to the moment it calls the Match type with the counts. */
+moment it reads the request to the moment it returns the Match. */
 
 /* Whether hashing and comparing `obj` runs no Python code: an exact int, str, bytes, float or
    bool, None, or an exact tuple of such, nested at most CONTENT_DEPTH deep. */
@@ -32,12 +32,22 @@ plain_worker(PyObject *obj, int depth)
     return 1;
 }
 
+/* The slots of prefix_index.Match the Matcher fills, and nothing else: Matcher_new refuses an
+   answer type whose slots are not exactly these, so a slot added to Match is a loud error where
+   the Matcher is made, never a Match left half made. The Match is made as dict.__new__ makes it
+   and its slots set as their own descriptors set them: Match.__init__'s frame cost a cold
+   router more than the rest of a short match (docs/performance.md, "The compiled core"). */
+enum { STALE, WORKERS, BLOCK_SIZE, PREDICTED, LOWER, ANSWER_SLOTS };
+static const char *const ANSWER_SLOT_NAME[ANSWER_SLOTS] = {
+    "stale", "workers", "block_size", "predicted", "lower",
+};
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     KeyTable *table;
-    PyObject *answer;      /* prefix_index.Match, called as Match(counts, stale, None, None,
-                              size, known) */
+    PyTypeObject *answer;         /* prefix_index.Match: a dict subclass with those slots */
+    PyObject *slot[ANSWER_SLOTS]; /* its member descriptors */
     Py_ssize_t block_size;
     PyObject *size;        /* the same, an int, for the answer */
     PyObject *by_position; /* the worker of each bit (None: a free one), a tuple */
@@ -67,6 +77,65 @@ count_changes(PyObject *counts, PyObject *workers, const Change *changes, Py_ssi
     return active ? count_workers(counts, workers, active, blocks) : 0;
 }
 
+/* A new Match with no counts yet, `stale` frozen as it is now: made as dict.__new__ makes
+   it, each slot set as its own descriptor sets it (see ANSWER_SLOT_NAME). */
+static PyObject *
+new_answer(Matcher *m, PyObject *stale)
+{
+    PyObject *none = PyTuple_New(0);
+    PyObject *made = none == NULL ? NULL : m->answer->tp_new(m->answer, none, NULL);
+    Py_XDECREF(none);
+    PyObject *value[ANSWER_SLOTS] = {NULL};
+    value[STALE] = PySet_GET_SIZE(stale) ? PyFrozenSet_New(stale) : Py_NewRef(m->no_stale);
+    value[WORKERS] = Py_NewRef(m->known);
+    value[BLOCK_SIZE] = Py_NewRef(m->size);
+    value[PREDICTED] = PyDict_New();
+    value[LOWER] = PyDict_New();
+    int failed = made == NULL;
+    for (int s = 0; s < ANSWER_SLOTS; s++) {
+        failed = failed || value[s] == NULL ||
+                 PyMember_SetOne((char *)made, ((PyMemberDescrObject *)m->slot[s])->d_member,
+                                 value[s]) < 0;
+        Py_XDECREF(value[s]);
+    }
+    if (failed) {
+        Py_XDECREF(made);
+        return NULL;
+    }
+    return made;
+}
+
+/* Whether `answer`'s own __slots__ are exactly ANSWER_SLOT_NAME; -1 with an exception set. */
+static int
+slots_are_the_answers(PyObject *answer)
+{
+    PyObject *slots = PyObject_GetAttrString(answer, "__slots__");
+    PyObject *names = slots == NULL ? NULL : PySequence_Fast(slots, "__slots__");
+    Py_XDECREF(slots);
+    if (names == NULL) {
+        return -1;
+    }
+    int same = PySequence_Fast_GET_SIZE(names) == ANSWER_SLOTS;
+    for (int s = 0; same && s < ANSWER_SLOTS; s++) {
+        int found = 0;
+        for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(names); n++) {
+            PyObject *name = PySequence_Fast_GET_ITEM(names, n);
+            found = found || (PyUnicode_Check(name) &&
+                              PyUnicode_CompareWithASCIIString(name, ANSWER_SLOT_NAME[s]) == 0);
+        }
+        same = found;
+    }
+    if (!same) {
+        PyErr_Format(PyExc_TypeError,
+                     "Matcher: the answer type's __slots__ are %R; it fills stale, workers, "
+                     "block_size, predicted and lower, and a slot it does not fill would be "
+                     "left unset: teach matcher.h the new one",
+                     names);
+    }
+    Py_DECREF(names);
+    return same ? 1 : -1;
+}
+
 /* matcher(key, tokens, stale) -> Match | None: the usual match from root key `key`, `stale`
    the index's set of stale workers as it is now, or None where the pure path answers (see
    above). */
@@ -93,23 +162,11 @@ Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwn
     if (found == DECLINED) {
         Py_RETURN_NONE;
     }
-    PyObject *counts = found < 0 ? NULL : PyDict_New();
+    PyObject *counts = found < 0 ? NULL : new_answer(m, stale);
     if (counts != NULL && count_changes(counts, m->by_position, changes, found, blocks) < 0) {
         Py_CLEAR(counts);
     }
-    if (counts == NULL) {
-        return NULL;
-    }
-    /* the first call into Python: the counts are made, and the walk is over */
-    PyObject *frozen = PySet_GET_SIZE(stale) ? PyFrozenSet_New(stale) : Py_NewRef(m->no_stale);
-    PyObject *answer = NULL;
-    if (frozen != NULL) {
-        PyObject *made[] = {counts, frozen, Py_None, Py_None, m->size, m->known};
-        answer = PyObject_Vectorcall(m->answer, made, 6, NULL);
-    }
-    Py_XDECREF(frozen);
-    Py_DECREF(counts);
-    return answer;
+    return counts;
 }
 
 /* Matcher(table, answer, size) */
@@ -128,9 +185,13 @@ Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTuple(args, "O!On:Matcher", state->key_table, &table, &answer, &size)) {
         return NULL;
     }
-    if (!PyCallable_Check(answer) || size < 1) {
+    if (!PyType_Check(answer) || !PyType_IsSubtype((PyTypeObject *)answer, &PyDict_Type) ||
+        size < 1) {
         return PyErr_Format(PyExc_TypeError, "Matcher(table, answer, size): positional only, "
-                            "answer callable, size at least 1");
+                            "answer a dict subclass, size at least 1");
+    }
+    if (slots_are_the_answers(answer) < 0) {
+        return NULL;
     }
     Matcher *m = (Matcher *)type->tp_alloc(type, 0);
     if (m == NULL) {
@@ -138,14 +199,25 @@ Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     m->vectorcall = Matcher_call;
     m->table = (KeyTable *)Py_NewRef(table);
-    m->answer = Py_NewRef(answer);
+    m->answer = (PyTypeObject *)Py_NewRef(answer);
     m->block_size = size;
     m->by_position = PyTuple_New(0);
     m->known = PyTuple_New(0);
     m->plain_workers = 1;
     m->size = PyLong_FromSsize_t(size);
     m->no_stale = PyFrozenSet_New(NULL);
-    if (!m->by_position || !m->known || !m->size || !m->no_stale) {
+    int failed = !m->by_position || !m->known || !m->size || !m->no_stale;
+    for (int s = 0; s < ANSWER_SLOTS && !failed; s++) {
+        m->slot[s] = PyObject_GetAttrString(answer, ANSWER_SLOT_NAME[s]);
+        failed = m->slot[s] == NULL;
+        if (!failed && (!Py_IS_TYPE(m->slot[s], &PyMemberDescr_Type) ||
+                        ((PyMemberDescrObject *)m->slot[s])->d_member->type != T_OBJECT_EX)) {
+            PyErr_Format(PyExc_TypeError, "Matcher: answer's %s must be a slot",
+                         ANSWER_SLOT_NAME[s]);
+            failed = 1;
+        }
+    }
+    if (failed) {
         Py_DECREF(m);
         return NULL;
     }
@@ -177,6 +249,9 @@ Matcher_traverse(Matcher *m, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(m)); /* a heap type's instance holds its type */
     Py_VISIT(m->table);
     Py_VISIT(m->answer);
+    for (int s = 0; s < ANSWER_SLOTS; s++) {
+        Py_VISIT(m->slot[s]);
+    }
     Py_VISIT(m->size);
     Py_VISIT(m->by_position);
     Py_VISIT(m->known);
@@ -189,6 +264,9 @@ Matcher_clear(Matcher *m)
 {
     Py_CLEAR(m->table);
     Py_CLEAR(m->answer);
+    for (int s = 0; s < ANSWER_SLOTS; s++) {
+        Py_CLEAR(m->slot[s]);
+    }
     Py_CLEAR(m->size);
     Py_CLEAR(m->by_position);
     Py_CLEAR(m->known);
