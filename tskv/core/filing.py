@@ -183,9 +183,9 @@ class Filing:
                         view.copies[each] = extra
                     if old is None and key is not None:  # its earlier copies are filed now
                         blocks[each] = key
-                    filed = key if old is None else old
-                    if filing and filed is not None:
-                        self.holdings.hold(view, [filed] * filing)
+                    held = key if old is None else old
+                    if filing and held is not None:
+                        self.holdings.hold(view, [held] * filing)
                     continue
                 self.holdings.release(view, [old] * (1 + view.copies.pop(each, 0)))
             blocks[each] = key

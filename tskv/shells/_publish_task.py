@@ -14,6 +14,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 
+import attrs
 import trio
 import zmq
 
@@ -29,6 +30,17 @@ logger = logging.getLogger(__name__)
 Queued = tuple[bytes, Sequence[KVEvent]]  # a batch's payload, and its events for the state
 SEND_BURST = 1024  # batches sent between two checkpoints
 SUBSCRIPTIONS_PER_TURN = 1024  # (un)subscriptions counted at once; the rest wait a turn
+
+
+@attrs.define
+class PublisherCounts:
+    """A publisher's running counts, in the one object `publish()` and the publish task change,
+    which `Publisher.statistics()` freezes with what it reads live (queued, seqs, monitors)."""
+
+    accepted: int = 0  # batches publish() took
+    published: int = 0  # sent
+    unsent: int = 0  # accepted and never sent: the shutdown deadline passed, or a failure
+    subscriptions: int = 0  # matching the topic, as the XPUB socket reported them
 
 
 class PublishTask:
@@ -52,9 +64,7 @@ class PublishTask:
         # what snapshots are made from, or only the groups a descriptor names; None: neither
         self._state = state
         self._on_dequeue = on_dequeue  # the threaded facade counts its slots with it
-        self.published = 0
-        self.unsent = 0
-        self.subscriptions = 0
+        self.counts = PublisherCounts()
         self.subscription_change = trio.lowlevel.ParkingLot()
         self._in_hand: list[Queued | None] = []  # what the idle race has taken off the queue
         self._waiting_on_queue: trio.CancelScope | None = None  # idle, watching no socket
@@ -75,9 +85,8 @@ class PublishTask:
         self._pub.close(linger_ms=max(0, int(left * 1000)) if left != math.inf else 0)
 
     @trio.lowlevel.enable_ki_protection
-    async def run(self, accepted: Callable[[], int]) -> None:
-        """Send until the queue is closed and empty (or the deadline passes). `accepted`
-        reads the handle's count for the closing log line."""
+    async def run(self) -> None:
+        """Send until the queue is closed and empty (or the deadline passes)."""
         try:
             with self._scope:
                 await self._send_all()
@@ -86,8 +95,8 @@ class PublishTask:
             # so is a batch taken off the queue by a race that ended in an error.
             left = self._queue.statistics().current_buffer_used
             self._queue.close()
-            self.unsent += left + sum(queued is not None for queued in self._in_hand)
-            self._log_close(accepted())
+            self.counts.unsent += left + sum(queued is not None for queued in self._in_hand)
+            self._log_close()
 
     async def _send_all(self) -> None:
         while True:
@@ -125,30 +134,30 @@ class PublishTask:
         except trio.WouldBlock:
             return message
         except BaseException:
-            self.unsent += 1
+            self.counts.unsent += 1
             raise
         finally:
             # After the send, so following the state never delays a batch; in the same step as
             # the seq, so a snapshot (taken between steps) is the state at a seq.
             if self._state is not None:
                 self._state.apply(payload, events)
-        self.published += 1
+        self.counts.published += 1
         return None
 
     async def _emit_blocked(self, message: list[bytes]) -> None:
         try:
             await self._pub.send(message)
         except BaseException:
-            self.unsent += 1
+            self.counts.unsent += 1
             raise
-        self.published += 1
+        self.counts.published += 1
 
     def _take_subscriptions(self) -> None:
         """Count (un)subscriptions the XPUB socket reports, and wake tasks waiting for one."""
         changed = False
         for message in self._pub.receive_waiting(SUBSCRIPTIONS_PER_TURN):  # no zmq.Again per batch
             change = frames.parse_subscription(message[0], self._topic)
-            self.subscriptions += change
+            self.counts.subscriptions += change
             changed |= change != 0
         if changed:
             self.subscription_change.unpark_all()
@@ -220,19 +229,20 @@ class PublishTask:
         await self._pub.wait(zmq.POLLIN)
         race.cancel()
 
-    def _log_close(self, accepted: int) -> None:
+    def _log_close(self) -> None:
+        counts = self.counts
         logger.info(
             "publisher on %s closed: %d batches accepted, %d published, %d unsent",
             self.endpoint,
-            accepted,
-            self.published,
-            self.unsent,
+            counts.accepted,
+            counts.published,
+            counts.unsent,
         )
-        if self.unsent:
+        if counts.unsent:
             logger.error(
                 "publisher on %s closed with %d accepted batches unsent (the shutdown deadline "
                 "passed, or the publisher failed); raise shutdown_timeout to give the drain "
                 "longer",
                 self.endpoint,
-                self.unsent,
+                counts.unsent,
             )

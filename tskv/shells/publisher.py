@@ -123,7 +123,7 @@ class Publisher(metaclass=NoPublicConstructor):
         self._state = state  # what snapshots are made from; None when they are off
         self._security = security
         self._dropped = DroppedFields(logger.warning)
-        self._accepted = 0
+        self._counts = publishing.counts  # publish() counts here, the publish task too
         self._pacer = Pacer()
 
     def _encode(self, events: Iterable[KVEvent]) -> Queued | None:
@@ -159,7 +159,7 @@ class Publisher(metaclass=NoPublicConstructor):
                 return
             except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
                 raise self._closed_error() from None
-            self._accepted += 1
+            self._counts.accepted += 1
         if self._pacer.due():
             await self._pacer.yield_now()
 
@@ -168,7 +168,7 @@ class Publisher(metaclass=NoPublicConstructor):
             await self._queue.send(queued)  # backpressure: wait for room, never drop
         except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
-        self._accepted += 1
+        self._counts.accepted += 1
         self._pacer.waited()
 
     @trio.lowlevel.enable_ki_protection
@@ -187,7 +187,7 @@ class Publisher(metaclass=NoPublicConstructor):
             self._queue.send_nowait((payload, events))
         except (trio.ClosedResourceError, trio.BrokenResourceError):  # closed, or its task died
             raise self._closed_error() from None
-        self._accepted += 1
+        self._counts.accepted += 1
 
     def _closed_error(self) -> PublisherClosedError:
         return PublisherClosedError(
@@ -197,15 +197,16 @@ class Publisher(metaclass=NoPublicConstructor):
     def statistics(self) -> PublisherStatistics:
         publishing, security = self._publishing, self._security
         publishing.count_subscriptions()
+        counts = self._counts
         return PublisherStatistics(
             codec=codec_name(),
-            accepted=self._accepted,
+            accepted=counts.accepted,
             queued=self._queue.statistics().current_buffer_used,
-            published=publishing.published,
-            unsent_at_shutdown=publishing.unsent,
+            published=counts.published,
+            unsent_at_shutdown=counts.unsent,
             oldest_seq=self._buffer.oldest_seq,
             next_seq=self._buffer.next_seq,
-            subscriptions=publishing.subscriptions,
+            subscriptions=counts.subscriptions,
             encrypted=self.config.encrypted,
             clients_refused=0 if security.zap is None else security.zap.refused,
             handshakes=sum(monitor.handshakes for monitor in security.monitors),
@@ -217,7 +218,7 @@ class Publisher(metaclass=NoPublicConstructor):
 
     @property
     def accepted(self) -> int:
-        return self._accepted
+        return self._counts.accepted
 
     async def wait_for_subscriber(self, count: int = 1) -> None:
         """Wait until `count` subscriptions that match this publisher's topic have arrived.
@@ -227,7 +228,7 @@ class Publisher(metaclass=NoPublicConstructor):
         """
         while True:
             self._publishing.watch_subscriptions()
-            if self._publishing.subscriptions >= count:
+            if self._counts.subscriptions >= count:
                 return
             await self._publishing.subscription_change.park()
 
@@ -391,7 +392,7 @@ async def open_publisher(
             if not binds:
                 args = (endpoint, pub_monitor, UNANSWERED_AFTER, "subscriber", NO_SUBSCRIBER_HINT)
                 nursery.start_soon(warn_if_unanswered, *args)
-            nursery.start_soon(publishing.run, lambda: publisher.accepted)
+            nursery.start_soon(publishing.run)
             if replaying is not None:
                 nursery.start_soon(replaying.run)
             try:
