@@ -454,7 +454,7 @@ def test_a_whole_query_names_what_it_refuses() -> None:
     class Grown(dict[Any, int]):  # a slot the Matcher would leave unset: refused, loudly
         __slots__ = (*Match.__slots__, "cost")
 
-    with pytest.raises(TypeError, match="teach matcher.h the new one"):
+    with pytest.raises(TypeError, match=r"teach matcher\.h the new one"):
         _compiled.Matcher(table, Grown, 1)
     with pytest.raises(TypeError, match="size at least 1"):
         _compiled.Matcher(table, Match, 0)
