@@ -65,6 +65,30 @@ class ReaderStatus:
     dropped_logs: int = 0  # log records it could not queue
 
 
+@attrs.define
+class ReaderCounts:
+    """A reader's running counts, over every process it has started, in the one object they
+    change in, which `Reader.status()` freezes with its pid and workers."""
+
+    cpu_seconds: float = 0.0  # the running process's, when it last reported
+    restarts: int = 0
+    dropped_losses: int = 0
+    dropped_logs: int = 0
+    applied: AppliedFigures = attrs.Factory(AppliedFigures)  # the running process's, as said
+    applied_before: AppliedFigures = attrs.Factory(AppliedFigures)  # the ended ones'
+
+    def frozen(self, pid: int | None, workers: int) -> ReaderStatus:
+        return ReaderStatus(
+            pid, workers, self.cpu_seconds, self.restarts, self.dropped_losses, self.dropped_logs
+        )
+
+    def ended(self) -> None:
+        """The running process ended: what it applied is kept, and the next starts at zero."""
+        self.restarts += 1
+        self.applied_before = self.applied_before.plus(self.applied)
+        self.applied = AppliedFigures()
+
+
 class Reader:
     """One reader process, kept running, and the workers it follows."""
 
@@ -84,26 +108,14 @@ class Reader:
         self._questions: dict[int, tuple[trio.Event, AskHashes, list[Hashes]]] = {}
         self._asked = 0
         self.pid: int | None = None
-        self.cpu_seconds = 0.0
-        self._applied = AppliedFigures()  # what the running process applied, as it last said
-        self._applied_before = AppliedFigures()  # what the processes that ended applied
-        self.restarts = 0
-        self.dropped_losses = 0
-        self.dropped_logs = 0
+        self.counts = ReaderCounts()
 
     def status(self) -> ReaderStatus:
-        return ReaderStatus(
-            self.pid,
-            len(self.wanted),
-            self.cpu_seconds,
-            self.restarts,
-            self.dropped_losses,
-            self.dropped_logs,
-        )
+        return self.counts.frozen(self.pid, len(self.wanted))
 
     def applied(self) -> AppliedFigures:
         """What this reader's processes applied, the ended ones' included."""
-        return self._applied_before.plus(self._applied)
+        return self.counts.applied_before.plus(self.counts.applied)
 
     def add(self, worker: Worker, follow: Follow) -> None:
         self.wanted[follow.slot] = (worker, follow)
@@ -139,9 +151,7 @@ class Reader:
             began = trio.current_time()
             await self._run_once(task_status)
             task_status = trio.TASK_STATUS_IGNORED
-            self.restarts += 1
-            self._applied_before = self.applied()
-            self._applied = AppliedFigures()
+            self.counts.ended()
             if trio.current_time() - began > RESTART_BACKOFF[1]:
                 backoff.reset()  # it had been running well
             wait = backoff.next()
@@ -208,8 +218,8 @@ class Reader:
                 await self._take(frame_news, pacer)
 
     async def _take(self, frame_news: News, pacer: Pacer) -> None:
-        self.cpu_seconds = frame_news.cpu_seconds
-        self._applied = frame_news.applied
+        self.counts.cpu_seconds = frame_news.cpu_seconds
+        self.counts.applied = frame_news.applied
         self._note_dropped(frame_news)
         for item in frame_news.items:
             if pacer.due():
@@ -230,8 +240,8 @@ class Reader:
     def _note_dropped(self, frame_news: News) -> None:
         if not (frame_news.dropped_losses or frame_news.dropped_logs):
             return
-        self.dropped_losses += frame_news.dropped_losses
-        self.dropped_logs += frame_news.dropped_logs
+        self.counts.dropped_losses += frame_news.dropped_losses
+        self.counts.dropped_logs += frame_news.dropped_logs
         logger.warning(
             "reader process %s fell behind the index's process and dropped %d loss reports "
             "(their on_loss calls; the index and the figures have them) and %d log records; "
