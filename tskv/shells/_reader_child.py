@@ -78,6 +78,17 @@ class _Open:
     batches: int = 0
 
 
+@attrs.define
+class FrameCounts:
+    """What the outbox has queued since its last frame, counted in one object the frame takes
+    with it (the dropped counts go in the frame; the next frame starts from a new one)."""
+
+    batches: int = 0  # batch news: `room` waits past OUTBOX_BATCHES
+    losses: int = 0  # loss reports queued
+    dropped_losses: int = 0  # loss reports past MAX_LOSSES: their callbacks dropped
+    dropped_logs: int = 0  # log records past MAX_LOGS
+
+
 class Outbox:
     """The reader's record's listener (`_index_record.Listener`): each worker's new state,
     bounded, sent to the index's process as it can take it."""
@@ -94,10 +105,7 @@ class Outbox:
         self._open: dict[int, _Open] = {}  # slot -> what its next report will say
         self._logs: list[LogLine] = []
         self._answers: list[Hashes] = []
-        self._batches = 0  # batch news since the last frame: `room` waits past OUTBOX_BATCHES
-        self._losses = 0  # loss reports queued
-        self._dropped_losses = 0
-        self._dropped_logs = 0
+        self._counts = FrameCounts()
         self._has_news = trio.lowlevel.ParkingLot()
         self._has_room = trio.lowlevel.ParkingLot()
         # what this process applied so far, sent with each frame: its watcher's, once made
@@ -108,7 +116,7 @@ class Outbox:
             await self._has_room.park()
 
     def has_room(self) -> bool:
-        return self._batches < OUTBOX_BATCHES
+        return self._counts.batches < OUTBOX_BATCHES
 
     def noted(
         self,
@@ -125,19 +133,19 @@ class Outbox:
             entry = self._open[worker] = _Open(figures)
         entry.figures = figures
         if loss is not None:
-            if self._losses < MAX_LOSSES:
+            if self._counts.losses < MAX_LOSSES:
                 entry.losses.append(loss)
-                self._losses += 1
+                self._counts.losses += 1
             else:
-                self._dropped_losses += 1
+                self._counts.dropped_losses += 1
         if failure is not None:
             entry.failure = failure  # failures come a backoff apart: the latest is the news
         if batch:
             entry.batches += 1
-            self._batches += 1
+            self._counts.batches += 1
             if entry.batches >= MERGED_BATCHES:
                 self._seal(worker)
-            if self._batches >= OUTBOX_BATCHES:
+            if self._counts.batches >= OUTBOX_BATCHES:
                 self._send_soon()
         if self._has_news:  # most batches find the sender waiting for a pass, not here
             self._has_news.unpark_all()
@@ -174,7 +182,7 @@ class Outbox:
         if len(self._logs) < MAX_LOGS:
             self._logs.append(LogLine(record.name, record.levelno, record.getMessage()))
         else:
-            self._dropped_logs += 1
+            self._counts.dropped_logs += 1
         self._has_news.unpark_all()
 
     def answer(self, question: AskHashes) -> None:
@@ -214,7 +222,7 @@ class Outbox:
             return
         deadline = trio.current_time() + FRAME_DELAY
         waited = -1
-        while waited < self._pending() and self._batches < OUTBOX_BATCHES:
+        while waited < self._pending() and self._counts.batches < OUTBOX_BATCHES:
             if trio.current_time() >= deadline:
                 break
             waited = self._pending()
@@ -228,10 +236,11 @@ class Outbox:
         ]
         self._open = {}
         items: list[Report | LogLine | Hashes] = [*reports, *self._logs, *self._answers]
-        dropped = self._dropped_losses, self._dropped_logs
+        counts = self._counts
+        dropped = counts.dropped_losses, counts.dropped_logs
         made = News(time.process_time(), items, *dropped, self.applied())
         self._sealed, self._logs, self._answers = [], [], []
-        self._batches = self._losses = self._dropped_losses = self._dropped_logs = 0
+        self._counts = FrameCounts()
         self._due = False
         self._passes = 0
         return made
