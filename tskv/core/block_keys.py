@@ -153,6 +153,52 @@ def chain(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
     return chain_in_python(key, blocks)
 
 
+def request_keys(
+    token_ids: Sequence[Any],
+    size: int,
+    count: int,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+    extra_keys: Sequence[Any] | None = None,
+    mm_keys: Sequence[Sequence[MMKey]] | None = None,
+    lookahead: int = 0,
+) -> list[int | None]:
+    """A request's first `count` block keys (fewer, if it has fewer blocks), as an engine with
+    `lookahead` tokens after each block in its hashes would key them: what a prediction files
+    and a hybrid worker's answer looks up."""
+    count = min(count, max(0, (len(token_ids) - lookahead) // size))
+    after = None
+    if lookahead:
+        ends = [(depth + 1) * size for depth in range(count)]
+        after = [token_ids[end : end + lookahead] for end in ends]
+    found, _ = contents(token_ids, identities(extra_keys, mm_keys, count, after), count, size)
+    return chain(root_key(lora_name, cache_salt), found)
+
+
+def walk_keys(
+    key: int,
+    token_ids: Sequence[Any],
+    size: int,
+    extra_keys: Sequence[Any] | None = None,
+    mm_keys: Sequence[Sequence[MMKey]] | None = None,
+    lookahead: int = 0,
+) -> Iterator[int]:
+    """A request's block keys under root `key`, one at a time, for the reference walk: most
+    queries stop after a few blocks, so the rest are never keyed (nor their tokens copied)."""
+    plain = extra_keys is None and mm_keys is None and not lookahead
+    blocks = max(0, (len(token_ids) - lookahead) // size)
+    for depth, chunk in enumerate(blocks_of(token_ids, size)):
+        if plain:
+            key = hash((key, chunk))
+        else:
+            if depth >= blocks:
+                return  # the tokens after it that its key covers are not in the request
+            after = token_ids[(depth + 1) * size : (depth + 1) * size + lookahead]
+            identity = block_identity(extra_keys, mm_keys, depth, after if lookahead else None)
+            key = hash((key, chunk if identity is None else (chunk, identity)))
+        yield key
+
+
 def chain_in_python(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
     """`chain` in Python, the reference."""
     keys: list[int | None] = []

@@ -22,16 +22,7 @@ import attrs
 
 from tskv.core import compiled
 from tskv.core._checks import int_at_least, number_at_least
-from tskv.core.block_keys import (
-    PLAIN_ROOT,
-    block_identity,
-    blocks_of,
-    chain,
-    contents,
-    identities,
-    int_tokens,
-    root_key,
-)
+from tskv.core.block_keys import PLAIN_ROOT, int_tokens, request_keys, root_key, walk_keys
 from tskv.core.errors import ConfigError, TskvLookupError, TskvRuntimeError, TskvTypeError
 from tskv.core.events import (
     KVEvent,
@@ -164,31 +155,20 @@ def counts_of(walked: Walked, bits: Bits) -> dict[Worker, int]:
 
 def _walk(
     holders: Holders,
-    key: int,
+    root: int,
     request: tuple[Sequence[int | str], Sequence[Any] | None, Sequence[Sequence[MMKey]] | None],
     size: int,
     lookahead: int,
     keys_out: list[int] | None,
 ) -> Walked:
-    """The walk in Python, the reference: `block_keys.chain`'s key, written inline (a call a
-    block costs more than the rest of the step)."""
+    """The walk in Python, the reference, over `block_keys.walk_keys`' keys."""
     token_ids, extra_keys, mm_keys = request
     real, predicted = holders
     get = real.get if predicted is None else _either(real.get, predicted.get)
-    plain = extra_keys is None and mm_keys is None and not lookahead
     changes: list[tuple[int, int]] = []
     active = -1
     blocks = max(0, (len(token_ids) - lookahead) // size)
-    # Block by block: most queries stop after a few blocks, so the rest is never copied.
-    for depth, chunk in enumerate(blocks_of(token_ids, size)):
-        if plain:
-            key = hash((key, chunk))
-        else:
-            if depth >= blocks:
-                break  # the tokens after it that its key covers are not in the request
-            after = token_ids[(depth + 1) * size : (depth + 1) * size + lookahead]
-            identity = block_identity(extra_keys, mm_keys, depth, after if lookahead else None)
-            key = hash((key, chunk if identity is None else (chunk, identity)))
+    for depth, key in enumerate(walk_keys(root, token_ids, size, extra_keys, mm_keys, lookahead)):
         if keys_out is not None:
             keys_out.append(key)
         held = active & get(key, 0)
@@ -283,14 +263,10 @@ def _engine_answers(
 def _request_keys(request: Request, size: int, lookahead: int, count: int) -> list[int]:
     """The request's first `count` block keys (fewer, if it has fewer blocks)."""
     token_ids, lora_name, extra_keys, cache_salt, mm_keys = request
-    count = min(count, max(0, (len(token_ids) - lookahead) // size))
-    lookaheads = None
-    if lookahead:
-        ends = [(depth + 1) * size for depth in range(count)]
-        lookaheads = [token_ids[end : end + lookahead] for end in ends]
-    idents = identities(extra_keys, mm_keys, count, lookaheads)
-    found, _ = contents(token_ids, idents, count, size)
-    return [key for key in chain(root_key(lora_name, cache_salt), found) if key is not None]
+    keys = request_keys(
+        token_ids, size, count, lora_name, cache_salt, extra_keys, mm_keys, lookahead
+    )
+    return [key for key in keys if key is not None]
 
 
 def _either(
@@ -529,9 +505,7 @@ class PrefixIndex:
         bit, holders = self._holdings.view(worker).bit, self._holdings.holders
         size = self.block_size
         count = len(token_ids) // size
-        idents = identities(extra_keys, mm_keys, count)
-        found, _ = contents(token_ids, idents, count, size)
-        keys = chain(root_key(lora_name, cache_salt), found)
+        keys = request_keys(token_ids, size, count, lora_name, cache_salt, extra_keys, mm_keys)
         fresh = [key for key in keys if key is not None and not holders.get(key, 0) & bit]
         self._predictions.add(bit, fresh, ttl)
 
