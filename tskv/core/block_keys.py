@@ -6,9 +6,10 @@ vLLM's lookahead hashing the tokens after it that its hash covers). At the root,
 and the cache salt (SGLang's and vLLM's per-tenant namespace). Everything that makes a block's
 identity in its engine is in its key, so one tenant's query never matches another tenant's
 salted blocks, whatever hashing scheme the engine uses (TokenSpeed's FNV, vLLM's SHA-256 or
-xxHash, the simulator's). `chain` is the one place the key of a block is made from its
-parent's; the index's match walk writes the same formula inline (a call a block costs more
-than the rest of the step), and `tests/core/test_block_keys.py` holds the two equal.
+xxHash, the simulator's). This module is the one place keys are made in Python: a stored
+run's (`chain`), a request's (`request_keys`) and the reference walk's, one at a time
+(`walk_keys`); the compiled core makes the same keys in C (`tskv/core/_compiled_lib/`), and
+`tests/core/test_block_keys.py` and `tests/core/test_compiled.py` hold them equal.
 
 A key is the same in every process: a watcher's reader processes key the blocks and the
 router's process matches against them. Ints and tuples of ints hash alike in any interpreter of
