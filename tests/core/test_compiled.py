@@ -1065,3 +1065,33 @@ def test_each_copy_of_the_module_keeps_its_own_types_and_state() -> None:
     matcher.set_workers(("w",), ("w",))
     assert matcher(5, [1, 2], set()) == {"w": 1}
     assert again.read_plain(b"\x93\xcb" + bytes(8) + b"\x90\xc0", 4) == (0.0, None, [])
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["dict", "KeyTable"])
+def test_a_walk_that_declines_midway_leaves_the_keys_the_pure_walk_leaves(
+    table: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled walk reports each key as it walks; one that declines at a later block (a
+    token id it may not hash) must not leave those keys for the pure walk to report again."""
+    from tskv.core.prefix_index import _leading_counts
+
+    class Id(int):
+        pass
+
+    first = hash((PLAIN_ROOT, (1, 2, 3, 4)))
+    holders: Any = {first: 1}
+    if table:
+        holders = _compiled.KeyTable()
+        holders.update({first: 1})
+    bits = Bits()
+    bits.take("w")
+    tokens: list[Any] = [1, 2, 3, 4, 5, Id(6), 7, 8]
+
+    def walked() -> tuple[dict[Any, int], list[int]]:
+        keys: list[int] = []
+        counts = _leading_counts((holders, None), tokens, None, None, None, None, 4, bits, 0, keys)
+        return counts, keys
+
+    compiled_walk = walked()
+    monkeypatch.setattr(compiled, "core", None)
+    assert compiled_walk == walked() and len(compiled_walk[1]) == 2
