@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import importlib
 import json
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -37,32 +39,57 @@ from benchmarks.rounds import msgspec
 from benchmarks.routing import routing_section
 from benchmarks.snapshots import snapshots_section
 
-SECTIONS = [
-    "build",
-    "decode",
-    "subscriber",
-    "capacity",
-    "latency",
-    "shutdown",
-    "memory",
-    "snapshots",
-    "index",
-    "fleet",
-    "reader",
-    "receive",
-    "routing",
-    "failures",
-    "service",
-]
+Out = Callable[[str], None]
+Section = Callable[[Out, int], None]  # prints its tables; `reps`: repetitions per figure
+
+
+def _measured(name: str) -> Section:
+    """A section with a twin measured without msgspec, in a child that never imports it."""
+
+    def section(out: Out, reps: int) -> None:
+        twin = msgspec is not None and name in ("build", "decode", "capacity")
+        report(measure([name], reps), child_figures([name], reps) if twin else {}, out)
+
+    return section
+
+
+def _later(module: str, name: str) -> Section:
+    """A section imported only when it runs: its module brings peers (Dynamo, valgrind's
+    tools) that the others do not need."""
+
+    def section(out: Out, reps: int) -> None:
+        run: Section = getattr(importlib.import_module(module), name)
+        run(out, reps)
+
+    return section
+
+
+SECTIONS: dict[str, Section] = {
+    "build": _measured("build"),
+    "decode": _measured("decode"),
+    "subscriber": _measured("subscriber"),
+    "capacity": _measured("capacity"),
+    "latency": latency_section,
+    "shutdown": shutdown_section,
+    "memory": memory_section,
+    "snapshots": snapshots_section,
+    "index": _later("benchmarks.index", "index_section"),
+    "fleet": _later("benchmarks.index", "fleet_section"),
+    "reader": _later("benchmarks.reader_cost", "reader_section"),
+    "receive": _later("benchmarks.receive_cost", "receive_section"),
+    "routing": routing_section,
+    "failures": _later("benchmarks.failures", "failures_section"),
+    "service": _later("benchmarks.service", "service_section"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (3)")
-    parser.add_argument("--only", choices=SECTIONS, action="append", help="only these sections")
+    parser.add_argument("--only", choices=list(SECTIONS), action="append", help="only these")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for the child
     args = parser.parse_args(argv)
-    sections = args.only or SECTIONS
+    sections = args.only or list(SECTIONS)
     if args.json:  # the no-msgspec child: its parent compiled tskv already
         print(json.dumps(measure(sections, args.reps)))
         return 0
@@ -81,44 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         f"pyzmq {zmq.pyzmq_version()} (libzmq {zmq.zmq_version()}), encoders: {encoders}"
     )
     started = time.monotonic()
-    measured = measure(sections, args.reps)
-    comparable = [s for s in ("build", "decode", "capacity") if s in sections]
-    plain = child_figures(comparable) if msgspec is not None and comparable else {}
-    report(measured, plain, out)
-    if "latency" in sections:
-        latency_section(out)
-    if "shutdown" in sections:
-        shutdown_section(out)
-    if "memory" in sections:
-        memory_section(out)
-    if "snapshots" in sections:
-        snapshots_section(args.reps, out)
-    if "routing" in sections:
-        routing_section(out)
-    if "index" in sections:
-        from benchmarks.index import index_section
-
-        index_section(out)
-    if "fleet" in sections:
-        from benchmarks.index import fleet_section
-
-        fleet_section(out)
-    if "reader" in sections:
-        from benchmarks.reader_cost import reader_section
-
-        reader_section(out)
-    if "receive" in sections:
-        from benchmarks.receive_cost import receive_section
-
-        receive_section(out)
-    if "failures" in sections:
-        from benchmarks.failures import failures_section
-
-        failures_section(out)
-    if "service" in sections:
-        from benchmarks.service import service_section
-
-        service_section(out)
+    for name in SECTIONS:  # in the table's order, whatever order --only named them in
+        if name in sections:
+            SECTIONS[name](out, args.reps)
     out(f"\n(benchmark took {time.monotonic() - started:.0f} s)")
     return 0
 

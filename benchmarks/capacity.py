@@ -19,7 +19,7 @@ import zmq
 import tskv
 from benchmarks.processes import child, last_endpoint
 from benchmarks.rounds import ROUNDS, SHAPES, Row, msgspec, round_makers
-from benchmarks.router import _counting_subscriber
+from benchmarks.router import counting_subscriber
 from tskv.core import frames
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK
@@ -37,10 +37,10 @@ def _rates(count: int, received: int, started: float, last: float) -> Row:
 def run_tskv(shape: str, count: int, source: str = "tskv") -> Row:
     """tskv's Trio publisher: each round builds new events and publish()es them."""
     config = KVEventsConfig(endpoint=LOOPBACK, hwm=0)
-    return _trio_capacity(round_makers(shape)[source], config, count, warmup=0)
+    return trio_capacity(round_makers(shape)[source], config, count, warmup=0)
 
 
-def _trio_capacity(
+def trio_capacity(
     make: Callable[[], list[KVEvent]], config: KVEventsConfig, count: int, warmup: int
 ) -> Row:
     """Batches a second `open_publisher(config)` sends to a subscriber in another process,
@@ -53,7 +53,7 @@ def _trio_capacity(
         async with open_publisher(config) as publisher:
             for _ in range(warmup):
                 await publisher.publish(make())
-            with child(_counting_subscriber, publisher.endpoint, count) as conn:
+            with child(counting_subscriber, publisher.endpoint, count) as conn:
                 await trio.to_thread.run_sync(conn.recv)
                 await publisher.wait_for_subscriber()
                 started, cpu_started = time.monotonic(), time.process_time()
@@ -73,7 +73,7 @@ def run_threaded_tskv(shape: str, count: int) -> Row:
     make = round_makers(shape)["tskv"]
     publisher = tskv.ZmqEventPublisher(0, endpoint=LOOPBACK, hwm=0)
     try:
-        with child(_counting_subscriber, publisher.endpoint, count) as conn:
+        with child(counting_subscriber, publisher.endpoint, count) as conn:
             conn.recv()
             deadline = time.monotonic() + 20
             while publisher.statistics().subscriptions < 1 and time.monotonic() < deadline:
@@ -126,7 +126,7 @@ def run_baseline(shape: str, count: int, source: str = "TokenSpeed Structs") -> 
     make = round_makers(shape)[source]
     publisher = BaselinePublisher()
     try:
-        with child(_counting_subscriber, publisher.endpoint, count) as conn:
+        with child(counting_subscriber, publisher.endpoint, count) as conn:
             conn.recv()
             publisher.sock.setsockopt(zmq.RCVTIMEO, 20_000)
             publisher.sock.recv()  # the subscription

@@ -15,7 +15,7 @@ from tskv.core.codec import encode_round
 from tskv.core.events import KVEvent
 
 
-def _per_call(fn: Callable[[], object], n: int, reps: int = 5) -> float:
+def per_call(fn: Callable[[], object], n: int, reps: int = 5) -> float:
     samples = []
     for _ in range(reps):
         gc.collect()
@@ -45,10 +45,10 @@ def build_encode_costs() -> dict[str, dict[str, float]]:
         for name, make in makers.items():
             if name.startswith("TokenSpeed"):
                 assert encode is not None
-                row[name] = _per_call(partial(_encode_with, encode, make), n)
+                row[name] = per_call(partial(_encode_with, encode, make), n)
             else:
-                row[name] = _per_call(partial(_publish_round, make, False), n)
-        row["tskv, strict"] = _per_call(partial(_publish_round, makers["tskv"], True), n)
+                row[name] = per_call(partial(_publish_round, make, False), n)
+        row["tskv, strict"] = per_call(partial(_publish_round, makers["tskv"], True), n)
         results[shape] = row
     return results
 
@@ -60,8 +60,8 @@ def decode_costs() -> dict[str, dict[str, float]]:
         payload = encode_round(time.time(), round_makers(shape)["tskv"](), 0)
         assert payload is not None
         n = {"small": 3000, "large": 200, "huge": 40}[shape]
-        row = {"tskv": _per_call(partial(tskv.decode_batch, payload), n)}
+        row = {"tskv": per_call(partial(tskv.decode_batch, payload), n)}
         if msgspec is not None:
-            row["msgspec typed"] = _per_call(partial(tokenspeed_types()[2].decode, payload), n)
+            row["msgspec typed"] = per_call(partial(tokenspeed_types()[2].decode, payload), n)
         results[shape] = row
     return results

@@ -187,7 +187,7 @@ async def _probe_cpu(quiet_interval: float | None) -> tuple[float, float]:
     return ours / IDLE_SECONDS, theirs / IDLE_SECONDS
 
 
-def failures_section(out: Callable[[str], None], reps: int = 3) -> None:
+def failures_section(out: Callable[[str], None], reps: int) -> None:
     out("\n## When a worker fails: what on_status says, and when (open_watcher's defaults)")
     runs = [trio.run(_failure_times) for _ in range(reps)]
     out(f"\n{reps} runs, a worker of {CACHED_BLOCKS:,} blocks in a child process, tcp loopback:\n")

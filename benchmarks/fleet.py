@@ -42,7 +42,7 @@ class _Published(NamedTuple):
     bootstrap_cpu: float | None  # with a cache: seconds until every router was current
 
 
-def _publish_workers(
+def publish_workers(
     workers: int, seconds: float, rate: int, cached: int, ipc: str | None, conn: Connection
 ) -> None:
     """`workers` publishers in this process, each caching `cached` blocks first (as fast as it
@@ -148,13 +148,13 @@ def _router(
             async with _Requests(cached) as requests, trio.open_nursery() as nursery:
                 queries = _Queries()
                 if cached:  # first the stream alone: what waking for the queries adds shows
-                    alone = _cpu(watcher, len(endpoints))
+                    alone = router_cpu(watcher, len(endpoints))
                     await trio.sleep(STEADY / 2)
                     applied = _per_batch(watcher, len(endpoints), alone, 0.0)
                     result["alone_cpu_us"] = applied["cpu_us"]
                     result["alone_total_cpu_us"] = applied["total_cpu_us"]
                     await requests.accept()
-                before = _cpu(watcher, len(endpoints))
+                before = router_cpu(watcher, len(endpoints))
                 if cached:
                     nursery.start_soon(_answer, index, watcher, queries, requests)
                     await trio.sleep(STEADY)
@@ -211,14 +211,14 @@ async def _wrong_views(watcher: Watcher, published: list[int], cached: int) -> i
     return wrong
 
 
-CPU = tuple[float, float, int, float, float]  # what `_cpu` gives
+CPU = tuple[float, float, int, float, float]  # what `router_cpu` gives
 
 
 def _per_batch(watcher: Watcher, workers: int, before: CPU, queries: float) -> dict[str, float]:
     """CPU per batch applied since `before`: the index's process, less `queries` (the CPU
     seconds of the bench's own queries in it), and with the readers; of the readers', their
     ZeroMQ I/O threads' and the kernel's; and how many batches."""
-    cpu, readers, batches, readers_io, readers_kernel = _cpu(watcher, workers)
+    cpu, readers, batches, readers_io, readers_kernel = router_cpu(watcher, workers)
     applied = max(batches - before[2], 1)
     index = cpu - before[0] - queries
     return {
@@ -231,7 +231,7 @@ def _per_batch(watcher: Watcher, workers: int, before: CPU, queries: float) -> d
     }
 
 
-def _cpu(watcher: Watcher, workers: int) -> CPU:
+def router_cpu(watcher: Watcher, workers: int) -> CPU:
     """This process's CPU seconds, its readers' (as they last reported), batches applied, and
     the readers' seconds in their ZeroMQ I/O threads and in the kernel (from /proc, now)."""
     readers = sum(reader.cpu_seconds for reader in watcher.readers)
@@ -396,7 +396,7 @@ def subscriber_cost(
     publishers' CPU and ZeroMQ I/O time per batch, and what each subscriber missed."""
     with ExitStack() as stack:
         folder = stack.enter_context(tempfile.TemporaryDirectory()) if ipc else None
-        publishers = stack.enter_context(child(_publish_workers, 64, seconds, rate, 0, folder))
+        publishers = stack.enter_context(child(publish_workers, 64, seconds, rate, 0, folder))
         endpoints = publishers.recv()
         conns = [
             stack.enter_context(child(_bare_subscriber, endpoints)) for _ in range(subscribers)
@@ -445,7 +445,7 @@ def _watch_scale(
     ipc: str | None,
     nice: int,
 ) -> dict[str, Any]:
-    with child(_publish_workers, workers, seconds, rate, cached, ipc) as publishers:
+    with child(publish_workers, workers, seconds, rate, cached, ipc) as publishers:
         endpoints = publishers.recv()
         with ExitStack() as stack:
             conns = [

@@ -158,7 +158,8 @@ def _index_memory(blocks: int, conn: Connection) -> None:
     conn.send((tracemalloc.get_traced_memory()[0] - before) / blocks)
 
 
-def index_section(out: Callable[[str], None]) -> None:
+def index_section(out: Callable[[str], None], reps: int) -> None:
+    """One run (`reps` is not used: its figures come from the many events and queries within it)."""
     llm = dynamo()
     out(
         "\n## The prefix index beside Dynamo's RadixTree "
@@ -308,8 +309,9 @@ def _long_prompt_section(out: Callable[[str], None], llm: Any | None) -> None:
     out(f"\nThe holders map: KeyTable {table_bytes:.1f} B a key, a dict of ints {dict_bytes:.1f} B")
 
 
-def fleet_section(out: Callable[[str], None]) -> None:
-    """One router over a fleet, in the process that owns the index and in reader processes."""
+def fleet_section(out: Callable[[str], None], reps: int) -> None:
+    """One router over a fleet, in the process that owns the index and in reader processes:
+    one run (`reps` is not used: a run takes minutes, its figures from thousands of batches)."""
     _keeping_current(out)
     _fleet_caches(out)
     _many_routers(out)

@@ -113,12 +113,18 @@ def shutdown_time(full: bool) -> float:
     return elapsed
 
 
-def latency_section(out: Callable[[str], None]) -> None:
+def latency_section(out: Callable[[str], None], reps: int) -> None:
+    """`reps` runs of each condition, their latencies pooled."""
     out("\n## Latency, publish() to decoded at the subscriber, 1,000 rounds/s (small rounds)\n")
     out("| condition | p50 | p99 | max | batches | replayed meanwhile |")
     out("|---|---|---|---|---|---|")
     for replaying in (False, True):
-        latencies, replayed = paced_latencies(replaying)
+        latencies: list[float] = []
+        replayed = 0
+        for _ in range(reps):
+            run, served = paced_latencies(replaying)
+            latencies.extend(run)
+            replayed += served
         p50, p99 = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
         label = "while 10,000-batch replays are served" if replaying else "steady"
         out(
@@ -127,11 +133,11 @@ def latency_section(out: Callable[[str], None]) -> None:
         )
 
 
-def shutdown_section(out: Callable[[str], None]) -> None:
-    out("\n## Shutdown (time to leave `open_publisher`, median (min..max) of 5)\n")
+def shutdown_section(out: Callable[[str], None], reps: int) -> None:
+    out(f"\n## Shutdown (time to leave `open_publisher`, median (min..max) of {reps})\n")
     out("| condition | time |")
     out("|---|---|")
     for full in (False, True):
-        samples = [shutdown_time(full) for _ in range(5)]
+        samples = [shutdown_time(full) for _ in range(reps)]
         label = "full queue (100,000 small batches), no subscriber" if full else "empty queue"
         out(f"| {label} | {fmt(samples, ' ms', 1e3, 1)} |")

@@ -81,9 +81,9 @@ def _compiled_core_loop(conn: Connection) -> None:
     tiered block's), a query answered, a plain batch read from its bytes and its run keyed. A
     leak of a few bytes a call would be megabytes here (in a fresh process)."""
     from tskv.core import compiled
-    from tskv.core.block_keys import root_key
+    from tskv.core.block_keys import PLAIN_ROOT, root_key
     from tskv.core.events import BlockStored
-    from tskv.core.prefix_index import PLAIN_ROOT, Match
+    from tskv.core.prefix_index import Match
 
     core = compiled.core
     if core is None:
@@ -124,18 +124,19 @@ def _compiled_core_loop(conn: Connection) -> None:
     conn.send((rss() - before, len(table) + len(blocks)))
 
 
-def memory_section(out: Callable[[str], None]) -> None:
+def memory_section(out: Callable[[str], None], reps: int) -> None:
+    """Each figure from `reps` fresh processes."""
     out("\n## Memory (resident growth, each measured in a fresh process)\n")
-    samples = [in_fresh_process(_buffer_growth) for _ in range(3)]
+    samples = [in_fresh_process(_buffer_growth) for _ in range(reps)]
     payload = encode_round(time.time(), round_makers("small")["tskv"](), 0)
     assert payload is not None
     out(f"- per 10,000 buffered small batches: {fmt(samples, ' MiB', 2**-20, 1)}")
     size = len(payload)
     out(f"- the payloads themselves: {size * 10_000 / 2**20:.1f} MiB ({size} B each)")
-    idle = [in_fresh_process(_idle_replay_clients, 50) for _ in range(3)]
+    idle = [in_fresh_process(_idle_replay_clients, 50) for _ in range(reps)]
     grown = fmt(idle, " MiB", 2**-20, 1)
     out(f"- 50 replay clients asking for 10,000 batches, never reading: {grown}")
-    core = [in_fresh_process(_compiled_core_loop) for _ in range(3)]
+    core = [in_fresh_process(_compiled_core_loop) for _ in range(reps)]
     if None in core:
         out("- the compiled core over a million operations: not built here")
         return

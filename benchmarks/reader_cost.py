@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 import tskv.shells._reader_process as reader_process
-from benchmarks.fleet import _cpu, _publish_workers
+from benchmarks.fleet import publish_workers, router_cpu
 from benchmarks.processes import child
 from benchmarks.rounds import BLOCK
 from tskv.core.prefix_index import PrefixIndex
@@ -45,7 +45,8 @@ PLACES = [
 ]
 
 
-def reader_section(out: Callable[[str], None]) -> None:
+def reader_section(out: Callable[[str], None], reps: int) -> None:
+    """One run (`reps` is not used: its figures come from the many batches counted within it)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         out("\n## A reader process's instructions a batch: skipped, valgrind is not installed")
         return
@@ -65,7 +66,7 @@ def reader_instructions(pure: bool) -> tuple[float, dict[str, float]]:
     """Instructions a batch in the reader process, and the share of each place in PLACES."""
     with tempfile.TemporaryDirectory() as folder, _under_callgrind(folder, pure):
         # with a cache (of one round) the publishers go on until told to stop
-        with child(_publish_workers, WORKERS, 1, RATE, 1, None) as publishers:
+        with child(publish_workers, WORKERS, 1, RATE, 1, None) as publishers:
             endpoints = publishers.recv()
             batches = trio.run(_count, endpoints, publishers)
             publishers.send("stop")
@@ -87,10 +88,10 @@ async def _count(endpoints: list[tuple[str, str]], publishers: Any) -> int:
         await trio.sleep(WARM)
         pid = watcher.readers[0].pid
         await trio.run_process(["callgrind_control", "--zero", str(pid)], capture_stdout=True)
-        before = _cpu(watcher, len(endpoints))[2]  # batches applied so far
+        before = router_cpu(watcher, len(endpoints))[2]  # batches applied so far
         await trio.sleep(WINDOW)
         await trio.run_process(["callgrind_control", "--dump", str(pid)], capture_stdout=True)
-        return _cpu(watcher, len(endpoints))[2] - before
+        return router_cpu(watcher, len(endpoints))[2] - before
 
 
 @contextmanager

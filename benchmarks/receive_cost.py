@@ -33,7 +33,8 @@ PAYLOAD = 2_500
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
-def receive_section(out: Callable[[str], None]) -> None:
+def receive_section(out: Callable[[str], None], reps: int) -> None:
+    """One run (`reps` is not used: its figures come from the many messages within it)."""
     out("\n## Taking a live message off a SUB socket (pyzmq, loopback TCP, 3 frames)\n")
     out("| way | back to back, a message | in the pump's shape, a message |")
     out("|---|---|---|")

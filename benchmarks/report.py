@@ -18,11 +18,12 @@ from benchmarks.rounds import ROUNDS
 from benchmarks.router import subscriber_rates
 
 
-def child_figures(sections: list[str]) -> dict[str, Any]:
+def child_figures(sections: list[str], reps: int) -> dict[str, Any]:
     """The same sections measured without msgspec, in a process that never imports it."""
     env = {**os.environ, "TSKV_CODEC": "msgpack"}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--json", *[f"--only={s}" for s in sections]],
+        [sys.executable, "-m", "benchmarks", "--json", f"--reps={reps}"]
+        + [f"--only={s}" for s in sections],
         env=env,
         capture_output=True,
         text=True,

@@ -18,7 +18,7 @@ from tskv.core.codec import encode_round
 from tskv.core.endpoints import LOOPBACK
 
 
-def _counting_subscriber(endpoint: str, count: int, conn: Connection) -> None:
+def counting_subscriber(endpoint: str, count: int, conn: Connection) -> None:
     """Receive `count` batches (frames only) and report when the first and last arrived."""
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.RCVHWM, 0)

@@ -52,7 +52,8 @@ def _decisions(requests: list[TraceRequest], workers: int, predict: bool) -> dic
     return {"match": matches, "decision": decisions}
 
 
-def routing_section(out: Callable[[str], None]) -> None:
+def routing_section(out: Callable[[str], None], reps: int) -> None:
+    """One run (`reps` is not used: its figures come from the trace's thousands of requests)."""
     out("\n## The router's decision per request (match + LoadAwarePolicy), Mooncake trace\n")
     trace = TRACE
     requests = read_trace(trace)

@@ -268,7 +268,10 @@ async def measure(workers: int, blocks: int, with_dynamo: bool) -> dict[str, dic
     return figures
 
 
-def service_section(out: Callable[[str], None], fleets: tuple[int, ...] = (16, 64)) -> None:
+def service_section(
+    out: Callable[[str], None], reps: int, fleets: tuple[int, ...] = (16, 64)
+) -> None:
+    """One run a fleet (`reps` is not used: its figures come from the many queries within it)."""
     try:
         import dynamo.llm  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
 

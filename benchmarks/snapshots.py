@@ -15,8 +15,8 @@ import trio
 import trio.testing
 import zmq
 
-from benchmarks.capacity import _trio_capacity
-from benchmarks.codec_costs import _per_call
+from benchmarks.capacity import trio_capacity
+from benchmarks.codec_costs import per_call
 from benchmarks.processes import fmt, in_fresh_process
 from benchmarks.rounds import (
     ROUNDS,
@@ -57,8 +57,8 @@ def state_costs() -> dict[str, dict[str, float]]:
 
         samples: dict[str, list[float]] = {"plain": [], "state": []}
         for _ in range(3):  # alternating, so drift hits both alike
-            samples["plain"].append(_per_call(partial(_churn_round, plain, None), n, reps=1))
-            samples["state"].append(_per_call(partial(_churn_round, make, state), n, reps=1))
+            samples["plain"].append(per_call(partial(_churn_round, plain, None), n, reps=1))
+            samples["state"].append(per_call(partial(_churn_round, make, state), n, reps=1))
         figures[shape] = {name: statistics.median(v) for name, v in samples.items()}
         figures[shape]["blocks"] = state.blocks
     return figures
@@ -153,10 +153,10 @@ def run_snapshot_capacity(shape: str, count: int, snapshots: bool) -> Row:
     """The Trio publisher with a replay endpoint, churning rounds, snapshots on or off, after
     filling the cache (a steady state)."""
     config = KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, hwm=0, snapshots=snapshots)
-    return _trio_capacity(churn_maker(shape), config, count, fill_rounds(shape))
+    return trio_capacity(churn_maker(shape), config, count, fill_rounds(shape))
 
 
-def snapshots_section(reps: int, out: Callable[[str], None]) -> None:
+def snapshots_section(out: Callable[[str], None], reps: int) -> None:
     out("\n## Snapshots: what keeping the cache's state costs\n")
     out(
         "Rounds that churn as a full cache does (every block new, as many removed), µs per round "
