@@ -4,7 +4,7 @@ and what a removal lets go of. No I/O.
 A run of consecutive BlockStored events, the usual batch, costs a few dict operations for all of
 its blocks together; anything else is filed one event at a time. A worker whose blocks need more
 than one full-attention tier (a hybrid model's groups, lower tiers, larger group blocks) gets a
-`HybridView` as soon as an event says so, and its events are filed there.
+`HybridBlocks` as soon as an event says so, and its events are filed there.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tskv.core.events import (
 )
 from tskv.core.groups import FULL_KINDS, group_of
 from tskv.core.holdings import ABSENT, Holdings, Stored, Worker, WorkerBlocks
-from tskv.core.hybrid import HybridView, is_device, plain_tiers, stored_again
+from tskv.core.hybrid import HybridBlocks, is_device, plain_tiers, stored_again
 from tskv.core.read_batch import CLEARED, REMOVED, ReadBatch, runs_of
 from tskv.core.tiers import UNTIERED, BlockId, BlockKeys, Tier, block_id, block_ids, tier_of
 
@@ -226,11 +226,11 @@ class Filing:
             kind is not None and kind not in FULL_KINDS
         )
 
-    def make_hybrid(self, worker: Worker, view: WorkerBlocks) -> HybridView:
-        """Give a plain worker its HybridView, from the blocks it holds now."""
+    def make_hybrid(self, worker: Worker, view: WorkerBlocks) -> HybridBlocks:
+        """Give a plain worker its HybridBlocks, from the blocks it holds now."""
         hybrid = view.hybrid
         if hybrid is None:
-            hybrid = view.hybrid = HybridView(
+            hybrid = view.hybrid = HybridBlocks(
                 self.holdings.block_size, journal=self.holdings.journal is not None
             )
             hybrid.tiers = plain_tiers(view.blocks, view.copies)
@@ -252,17 +252,17 @@ class Filing:
         assert view.hybrid is not None
         if event.block_size != self.holdings.block_size and event.group_idx is None:
             self.mismatched += 1  # its tokens cut into other blocks than queries do
-        change = view.hybrid.store(event, view.blocks, learned)
-        self.orphans += change.orphans
-        self.unplaced += change.unplaced
+        delta = view.hybrid.store(event, view.blocks, learned)
+        self.orphans += delta.orphans
+        self.unplaced += delta.unplaced
         # Taken first: an event naming a hash twice can let go of what it took itself.
-        if change.taken:
-            self.holdings.hold(view, change.taken)
-        if change.let_go:
-            self.holdings.release(view, change.let_go)
+        if delta.taken:
+            self.holdings.hold(view, delta.taken)
+        if delta.let_go:
+            self.holdings.release(view, delta.let_go)
         if event.lookahead_token_ids:
             view.lookahead = len(event.lookahead_token_ids[0])
-        return change.strings
+        return delta.strings
 
     def remove(self, view: WorkerBlocks, event: BlockRemoved) -> None:
         """Let go of the worker's blocks the event names in its tier; its copies in other tiers

@@ -17,7 +17,7 @@ from tskv.core import compiled
 from tskv.core.errors import TskvTypeError
 from tskv.core.events import BlockStored
 from tskv.core.groups import CacheGroup
-from tskv.core.hybrid import HybridView, Op
+from tskv.core.hybrid import HybridBlocks, Op
 from tskv.core.predictions import Predictions
 from tskv.core.tiers import BlockId, BlockKeys, Tier
 
@@ -112,7 +112,7 @@ class WorkerBlocks:
         self.mirrored = False  # its blocks are kept elsewhere: only its holds come here
         self.tier: Tier | None = None  # the one tier its blocks are in, while it is plain
         self.first: tuple[int, CacheGroup] | None = None  # that tier's group, when named
-        self.hybrid: HybridView | None = None  # its groups and tiers, once it needs them
+        self.hybrid: HybridBlocks | None = None  # its groups and tiers, once it needs them
         self.lookahead = 0  # tokens after a block its engine's hash covers (vLLM's lookahead)
         # engine hash (and tier) -> key; a hybrid worker's larger blocks: their keys
         self.blocks = block_keys_map()
@@ -185,7 +185,7 @@ class Holdings:
         self.views: dict[Worker, WorkerBlocks] = {}
         self.known: tuple[Worker, ...] = ()  # the views' workers, made again when one comes or goes
         self.bits = Bits()
-        self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridView
+        self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridBlocks
         self.predictions = predictions  # a real block replaces its prediction
         # bit -> the worker's copies taken and let go of since last asked, in order: runs of
         # keys, taken, let go of, taken... (a reader process sends them on: `take_changes`)
@@ -269,7 +269,7 @@ class Holdings:
 
     def take_changes(self, view: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
         """The worker's holds taken and let go of since last asked, as runs, and a hybrid
-        worker's tier changes (`HybridView.take_ops`)."""
+        worker's tier changes (`HybridBlocks.take_ops`)."""
         runs = [] if self.journal is None else self.journal.pop(view.bit, [])
         return runs, [] if view.hybrid is None else view.hybrid.take_ops()
 
@@ -295,7 +295,7 @@ class Holdings:
                     self.hold(view, run_keys(run))
         if ops:
             if view.hybrid is None:
-                view.hybrid = HybridView(self.block_size)
+                view.hybrid = HybridBlocks(self.block_size)
                 self.hybrids[worker] = view
             if any(op[0] == "begin" for op in ops):  # its tiers count every copy from here
                 view.extra_refs.clear()

@@ -3,7 +3,7 @@
 Most workers hold their blocks in one tier of one full-attention group at the index's block
 size; the holdings keep only each key's holders for them, and a query's leading run is their
 answer. A worker whose blocks are in several KV cache groups (a hybrid model), in lower tiers
-(CPU, disk), or in groups with larger blocks than the index's, gets a `HybridView` too: how many
+(CPU, disk), or in groups with larger blocks than the index's, gets a `HybridBlocks` too: how many
 copies of each key each tier `(medium, group_idx)` holds, the content key of each engine hash
 it has stored (the same in every group: vLLM 0.33 hashes a block once and files it per group),
 and its groups (`core/groups.py`). From these the index answers what the engine would reuse,
@@ -36,7 +36,7 @@ def is_device(medium: str | None) -> bool:
 Op = tuple[Any, ...]
 
 
-class HybridView:
+class HybridBlocks:
     """One worker's blocks by tier, its content keys by engine hash, and its groups."""
 
     def __init__(self, block_size: int, journal: bool = False) -> None:
@@ -53,7 +53,9 @@ class HybridView:
 
     # -- storing and removing: what the holdings' union must take and let go of ----------
 
-    def store(self, event: BlockStored, blocks: BlockKeys, learned: Mapping[int, int]) -> Change:
+    def store(
+        self, event: BlockStored, blocks: BlockKeys, learned: Mapping[int, int]
+    ) -> HoldsDelta:
         """File the event's blocks in its tier. Hashes and tokens that line up are keyed by
         chaining from the parent, as any worker's. vLLM 0.33 leaves out of a group's hashes the
         blocks it does not keep, while its tokens cover them all: those hashes are found by
@@ -63,13 +65,13 @@ class HybridView:
         a block again when another group cut a hit short), so one removal lets go of one."""
         scale = self.groups.learn(event)
         tier, hashes = tier_of(event), event.block_hashes
-        change = Change()
+        delta = HoldsDelta()
         if event.group_idx is not None and len(hashes) * event.block_size < len(event.token_ids):
             refs = [self.keys.get(block, learned.get(block)) for block in hashes]
-            change.unplaced = refs.count(None)
+            delta.unplaced = refs.count(None)
         else:
-            refs, change.strings = self.refs(event, scale, learned)
-            change.orphans = refs.count(None)
+            refs, delta.strings = self.refs(event, scale, learned)
+            delta.orphans = refs.count(None)
         copies = event.group_idx is not None
         for block, ref in zip(hashes, refs, strict=True):
             each = block_id(tier, block)
@@ -86,17 +88,17 @@ class HybridView:
                 filed = ref if old is None else old
                 if filed is not None:
                     for _ in range(filing):
-                        change.taken += self.add(tier, filed)
+                        delta.taken += self.add(tier, filed)
                 continue
             if old is not None:  # another block under this hash: the old one goes
-                change.let_go += self.drop(tier, old, 1 + self.copies.pop(each, 0))
+                delta.let_go += self.drop(tier, old, 1 + self.copies.pop(each, 0))
             if ref is None:  # held, as the stream says, but no query can reach it
                 blocks[each] = None  # (the old block, if any, let go of above)
                 continue
             blocks[each] = ref
             self.keys[block] = ref
-            change.taken += self.add(tier, ref)
-        return change
+            delta.taken += self.add(tier, ref)
+        return delta
 
     def refs(
         self, event: BlockStored, scale: int, learned: Mapping[int, int]
@@ -292,9 +294,9 @@ def stored_again(old: Any, ref: Any, grouped: bool, extra: int) -> tuple[int, in
     return filing, extra
 
 
-class Change:
-    """What filing one event did: the keys the union takes and lets go of (one each a copy),
-    and what could not be filed."""
+class HoldsDelta:
+    """What filing one event did to the holds: the keys the union takes and lets go of (one
+    each a copy), and what could not be filed."""
 
     __slots__ = ("let_go", "orphans", "strings", "taken", "unplaced")
 
