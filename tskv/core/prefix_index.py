@@ -128,10 +128,7 @@ def _leading_counts(
     plain = extra_keys is None and mm_keys is None and not lookahead
     walked: Walked | None = None
     if plain and compiled.core is not None:  # None: a token id it leaves to the pure walk
-        kept = 0 if keys_out is None else len(keys_out)
         walked = compiled.core.walk(*holders, key, token_ids, size, keys_out)
-        if walked is None and keys_out is not None:
-            del keys_out[kept:]  # the keys it made before it declined: the pure walk's again
     if walked is None:
         request = (token_ids, extra_keys, mm_keys)
         walked = _walk(holders, key, request, size, lookahead, keys_out)

@@ -160,12 +160,25 @@ count_workers(PyObject *counts, PyObject *workers, uint64_t mask, Py_ssize_t blo
     return 0;
 }
 
-/* walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks)
+/* walk() declines: None, and `keys_out` back to the `kept` keys it had, so that the pure walk
+   the caller runs instead reports each key once. */
+static PyObject *
+declined(PyObject *keys_out, Py_ssize_t kept)
+{
+    if (keys_out != Py_None &&
+        PyList_SetSlice(keys_out, kept, PyList_GET_SIZE(keys_out), NULL) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks) | None
 
    Down the request's full blocks from root key `key`: `changes` lists (depth, held) each time
    the workers holding every block so far (`held`, a mask) change, the last with held 0 where
    no worker holds a block; `blocks` is the number of full blocks. Each key walked goes into
-   `keys_out` when it is a list. prefix_index._leading_counts turns this into counts. */
+   `keys_out` when it is a list. prefix_index._leading_counts turns this into counts. None,
+   with `keys_out` as it was, where a token id is not an exact int (declined). */
 static PyObject *
 walk(PyObject *module, PyObject *args)
 {
@@ -198,6 +211,7 @@ walk(PyObject *module, PyObject *args)
     }
     Py_ssize_t blocks = PySequence_Fast_GET_SIZE(fast) / size;
     PyObject **tokens_at = PySequence_Fast_ITEMS(fast);
+    Py_ssize_t kept = keys_out == Py_None ? 0 : PyList_GET_SIZE(keys_out);
     if (Py_IS_TYPE(real, key_table) && predicted == Py_None && !((KeyTable *)real)->high) {
         Change found[MAX_CHANGES];
         Py_hash_t root_hash = blocks ? PyObject_Hash(key) : 0; /* an exact int's: no error */
@@ -205,7 +219,7 @@ walk(PyObject *module, PyObject *args)
                                       keys_out, found);
         Py_DECREF(fast);
         if (count == DECLINED) {
-            Py_RETURN_NONE;
+            return declined(keys_out, kept);
         }
         return count < 0 ? NULL : changes_list(found, count, blocks);
     }
@@ -230,7 +244,7 @@ walk(PyObject *module, PyObject *args)
             Py_DECREF(zero);
             Py_DECREF(active);
             Py_DECREF(current);
-            Py_RETURN_NONE;
+            return declined(keys_out, kept);
         }
         Py_SETREF(current, PyLong_FromSsize_t(pair_hash(parent_hash, content_hash)));
         if (current == NULL) {
