@@ -4,7 +4,6 @@ interop tests start on a loopback port, and ask over HTTP."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,12 +12,7 @@ from typing import Any
 
 import trio
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.zmq_helpers import free_loopback_port
 
 
 def http(port: int, path: str, body: dict[str, Any] | None = None) -> bytes:
@@ -52,7 +46,7 @@ class Indexer:
     """`python -m dynamo.indexer` on a loopback port, its log kept to read."""
 
     def __init__(self, log: Path, *flags: str) -> None:
-        self.port = free_port()
+        self.port = free_loopback_port()
         self.log = log
         self._flags = ["--port", str(self.port), "--threads", "1", *flags]
         self.process: trio.Process | None = None

@@ -82,10 +82,14 @@ class ReaderCounts:
             pid, workers, self.cpu_seconds, self.restarts, self.dropped_losses, self.dropped_logs
         )
 
+    def all_applied(self) -> AppliedFigures:
+        """What every process of the reader applied, the running one's as it last said."""
+        return self.applied_before.plus(self.applied)
+
     def ended(self) -> None:
         """The running process ended: what it applied is kept, and the next starts at zero."""
         self.restarts += 1
-        self.applied_before = self.applied_before.plus(self.applied)
+        self.applied_before = self.all_applied()
         self.applied = AppliedFigures()
 
 
@@ -115,7 +119,7 @@ class Reader:
 
     def applied(self) -> AppliedFigures:
         """What this reader's processes applied, the ended ones' included."""
-        return self.counts.applied_before.plus(self.counts.applied)
+        return self.counts.all_applied()
 
     def add(self, worker: Worker, follow: Follow) -> None:
         self.wanted[follow.slot] = (worker, follow)
