@@ -456,7 +456,9 @@ def _remember_offset(publisher: Publisher) -> None:
     if publisher.configured_replay_endpoint and publisher.replay_endpoint:
         pairs.append((publisher.configured_replay_endpoint, publisher.replay_endpoint))
     for configured, bound in pairs:
-        if configured != bound:
+        # only an endpoint the rank's offset made: a port the OS picked (a wildcard's) is none,
+        # and remembering it would warn whoever later configures that number by chance
+        if configured != bound and offset_endpoint_port(configured, publisher.dp_rank) == bound:
             _OFFSET_BOUND[bound] = (configured, publisher.dp_rank)
     while len(_OFFSET_BOUND) > OFFSET_BOUND_KEPT:
         del _OFFSET_BOUND[next(iter(_OFFSET_BOUND))]
