@@ -17,7 +17,7 @@ import trio
 
 import tskv
 from tests.tokenspeed import LOADED
-from tests.zmq_helpers import LOOPBACK, free_loopback_port
+from tests.zmq_helpers import LOOPBACK, free_loopback_port, released
 from tskv import BlockStored, KVEventsConfig, LoadAwarePolicy, Loss, LossReason, PrefixIndex
 from tskv.testing import ScriptedPublisher
 
@@ -408,6 +408,7 @@ async def test_a_port_the_os_picked_for_a_rank_is_not_remembered_as_an_offset(
     the test above this way, the number left from another test's publisher."""
     async with tskv.open_publisher(KVEventsConfig(endpoint=LOOPBACK), dp_rank=1) as picked:
         taken = picked.endpoint
+    await released(taken)
     with caplog.at_level(logging.WARNING, logger="tskv"):
         async with tskv.open_publisher(KVEventsConfig(endpoint=taken, bind=True), dp_rank=1):
             pass
