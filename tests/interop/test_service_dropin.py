@@ -22,6 +22,7 @@ import trio
 import tskv
 from tests.interop.dynamo_indexer import Indexer
 from tests.zmq_helpers import LOOPBACK
+from tskv.core.events import BlockStored
 from tskv.sim import Simulator, Workload, run_round
 
 pytest.importorskip(
@@ -62,15 +63,15 @@ class Client:
 
 
 @asynccontextmanager
-async def dynamo(tmp_path: Path) -> AsyncIterator[Client]:
-    async with Indexer(tmp_path / "dynamo.log") as indexer:
+async def dynamo(tmp_path: Path, *flags: str) -> AsyncIterator[Client]:
+    async with Indexer(tmp_path / "dynamo.log", *flags) as indexer:
         yield Client(f"http://127.0.0.1:{indexer.port}")
 
 
 @asynccontextmanager
-async def tskv_service() -> AsyncIterator[Client]:
+async def tskv_service(**settings: Any) -> AsyncIterator[Client]:
     async with trio.open_nursery() as nursery:
-        _, bound = await nursery.start(serve, "127.0.0.1", 0, ServiceSettings())
+        _, bound = await nursery.start(serve, "127.0.0.1", 0, ServiceSettings(**settings))
         yield Client(bound[0])
         nursery.cancel_scope.cancel()
 
@@ -184,3 +185,137 @@ def without_tskv(reply: Any) -> Any:
     if isinstance(reply, dict):
         return {key: value for key, value in reply.items() if key != "tskv"}
     return reply
+
+
+TOKENS = list(range(1000, 1024))  # six blocks of 4
+
+
+def stores(tiers: str) -> list[BlockStored]:
+    """One chain of TOKENS' blocks, a store each, in the tiers given (G: GPU, C: CPU).
+    A block's engine hash is the same on every worker, as an engine that hashes its content
+    deterministically makes it: Dynamo's tree names a block by the hash of the first worker
+    that stored it, and loses the others' blocks where their hashes differ."""
+    first = 500
+    media = {"G": "GPU", "C": "CPU"}
+    return [
+        BlockStored(
+            block_hashes=[first + depth],
+            parent_block_hash=None if depth == 0 else first + depth - 1,
+            token_ids=TOKENS[depth * 4 : depth * 4 + 4],
+            block_size=4,
+            medium=media[tier],
+        )
+        for depth, tier in enumerate(tiers)
+    ]
+
+
+def signed(value: int) -> int:
+    """A block hash as Dynamo's clients send it: an i64."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def dump_blocks(trees: dict[str, Any]) -> set[tuple[Any, ...]]:
+    """Each block of a /dump: (worker, rank, tier, parent, engine hash, tokens hash)."""
+    found = set()
+    for tree in trees.values():
+        for event in tree["events"]:
+            stored, parent = event["event"]["data"]["stored"], None
+            parent = stored["parent_hash"]
+            for block in stored["blocks"]:
+                found.add(
+                    (
+                        event["worker_id"],
+                        event["event"]["dp_rank"],
+                        event["storage_tier"],
+                        parent,
+                        block["block_hash"],
+                        block["tokens_hash"],
+                    )
+                )
+                parent = block["block_hash"]
+    return found
+
+
+async def test_tiers_and_dynamos_own_hashes_are_answered_as_dynamo_answers(tmp_path: Path) -> None:
+    """/query's tiers, /query_by_hash (block hashes made by Dynamo's own function) and /dump,
+    on workers whose chains run from the GPU into the CPU's memory."""
+    compute_block_hash_for_seq = pytest.importorskip("dynamo._core").compute_block_hash_for_seq
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK, wire_format="vllm")
+    chains = {1: "GGGGCC", 2: "GGC", 3: "CCCC"}  # on disk, Dynamo's cpu and tskv's differ
+    async with (
+        tskv.open_publisher(config, 0) as first,
+        tskv.open_publisher(config, 0) as second,
+        tskv.open_publisher(config, 0) as third,
+        dynamo(tmp_path) as theirs,
+        tskv_service(dynamo_hashes=True) as ours,
+    ):
+        publishers = {1: first, 2: second, 3: third}
+        for client in (theirs, ours):
+            for instance, publisher in publishers.items():
+                body = {"instance_id": instance, "endpoint": publisher.endpoint, "model_name": "m"}
+                assert (await client("/register", {**body, "block_size": 4}))[0] == 201
+        for instance, publisher in publishers.items():
+            with trio.fail_after(30):
+                await publisher.wait_for_subscriber(2)
+            await publisher.publish(stores(chains[instance]))
+        hashes = [signed(h) for h in compute_block_hash_for_seq(TOKENS, 4)]
+        asked = [("/query", {"token_ids": TOKENS[:n], "model_name": "m"}) for n in (4, 10, 24)]
+        asked += [
+            ("/query_by_hash", {"block_hashes": hashes[:n], "model_name": "m"}) for n in (1, 3, 6)
+        ]
+        with trio.move_on_after(30):  # until both have every block
+            while [await theirs(*q) for q in asked] != [  # noqa: ASYNC110 - no signal over HTTP
+                without_tskv(await ours(*q)) for q in asked
+            ]:
+                await trio.sleep(0.2)
+        for query in asked:
+            assert await theirs(*query) == without_tskv(await ours(*query)), query
+        _, whole = await ours(*asked[-1])
+        assert whole["instances"]["1"] == {
+            "longest_matched": 24,
+            "gpu": 16,
+            "dp": {"0": 16},
+            "cpu": 24,
+            "disk": 24,
+        }  # the tiers are in the answer: the test can fail
+        (_, dynamo_dump), (_, tskv_dump) = await theirs("/dump"), await ours("/dump")
+        assert dump_blocks(tskv_dump) == dump_blocks(dynamo_dump)
+        assert len(dump_blocks(tskv_dump)) == sum(map(len, chains.values()))
+        assert tskv_dump["m:default"]["tskv"] == {"left_out": 0}
+
+
+async def test_dynamos_indexer_recovers_from_tskvs_dump(tmp_path: Path) -> None:
+    """A Dynamo indexer started with tskv serve as its peer builds its tree from tskv's /dump,
+    following no stream itself, and then answers as tskv does. (TokenSpeed's wire, which the
+    compiled core reads without making events: the hashes are kept from it too.)"""
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    prompts: list[list[int]] = []
+    async with (
+        tskv.open_publisher(config, 0) as publisher,
+        tskv_service(dynamo_hashes=True) as ours,
+    ):
+        body = {"instance_id": 7, "endpoint": publisher.endpoint, "model_name": "m"}
+        assert (await ours("/register", {**body, "block_size": BLOCK_SIZE}))[0] == 201
+        with trio.fail_after(30):
+            await publisher.wait_for_subscriber(1)
+        sim, workload = (
+            Simulator(256, BLOCK_SIZE, medium="GPU"),
+            Workload(3, BLOCK_SIZE, prompts=prompts),
+        )
+        for _ in range(40):
+            events = run_round(sim, workload, 1)
+            if events:
+                await publisher.publish(events)
+        last = queries(prompts)[-1]
+        with trio.move_on_after(30):  # until tskv has applied the last round
+            while not (await ours("/query", last))[1]["scores"]:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        _, dumped = await ours("/dump")
+        assert dump_blocks(dumped)
+        async with dynamo(tmp_path, "--peers", ours.base) as theirs:
+            held = 0
+            for query in queries(prompts):
+                answer = without_tskv(await ours("/query", query))
+                assert await theirs("/query", query) == answer
+                held += bool(answer[1]["scores"])
+        assert held  # the answers are not all empty: the test can fail

@@ -25,6 +25,7 @@ pytest.importorskip(
     "hypercorn", reason="tskv serve's extra is not installed (pip install '.[serve]')"
 )
 
+from tskv.core.errors import ConfigError
 from tskv.core.indexer_api import OPENAPI
 from tskv.shells.service import ServiceSettings, serve
 
@@ -339,7 +340,7 @@ async def test_no_body_the_schema_allows_or_nearly_allows_gets_a_5xx_or_stops_th
     from hypothesis import strategies as st
 
     config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
-    async with tskv.open_publisher(config) as publisher, service() as base:
+    async with tskv.open_publisher(config) as publisher, service(dynamo_hashes=True) as base:
         assert (await ask(base, "/register", registration(publisher)))[0] == 201
         status, served = await ask(base, "/openapi.json")
         assert status == 200 and served == OPENAPI
@@ -365,6 +366,8 @@ async def test_no_body_the_schema_allows_or_nearly_allows_gets_a_5xx_or_stops_th
                 if path == "/register":
                     body["endpoint"] = "tcp://127.0.0.1:1"  # never anywhere but here
                     body.pop("replay_endpoint", None)
+            elif isinstance(body, dict) and "model_name" in body:
+                body["model_name"] = "m"  # reach the index: unknown models are tested above
             status, raw = call(base, path, json.dumps(body).encode(), {})
             assert status < 500, (path, body, raw)
             if status >= 400:
@@ -376,6 +379,8 @@ async def test_no_body_the_schema_allows_or_nearly_allows_gets_a_5xx_or_stops_th
         assert {s // 100 for s in answered} == {2, 4}  # both kinds drawn: the run can fail
         status, said = await ask(base, "/query", {"token_ids": [1, 2, 3, 4], "model_name": "m"})
         assert status == 200 and "scores" in said
+        status, said = await ask(base, "/dump")
+        assert status == 200 and said["m:default"]["events"] == []
 
 
 async def test_two_services_over_the_same_workers_answer_alike_once_current() -> None:
@@ -492,3 +497,8 @@ async def test_workers_followed_in_a_reader_process_answer_as_in_the_service_s_o
                 base, "/query", {"token_ids": list(range(8)), "model_name": "m"}
             )
     assert answered["scores"] == {"1": {"0": 8}}
+
+
+def test_dynamo_hashes_with_reader_processes_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match=r"--dynamo-hashes.*--processes 2"):
+        ServiceSettings(dynamo_hashes=True, processes=2)

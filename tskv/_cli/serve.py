@@ -102,6 +102,11 @@ def _keys_and_limits(serve: argparse.ArgumentParser) -> None:
         type=int,
         help="follow the workers in this many reader processes (0: in the service's own)",
     )
+    serve.add_argument(
+        "--dynamo-hashes",
+        action="store_true",
+        help="keep Dynamo's block hashes too, so /query_by_hash and /dump answer (more memory)",
+    )
 
 
 DEFAULTS: dict[str, Any] = {
@@ -119,6 +124,7 @@ DEFAULTS: dict[str, Any] = {
     "curve_secret_key": None,
     "processes": 0,
     "max_workers": 10_000,
+    "dynamo_hashes": False,
 }
 PATHS = {"token_file", "state_dir"}
 
@@ -240,6 +246,7 @@ async def main(args: argparse.Namespace) -> int:
         curve_secret_key=args.curve_secret_key,
         processes=args.processes,
         max_workers=args.max_workers,
+        dynamo_hashes=args.dynamo_hashes,
     )
     async with trio.open_nursery() as nursery:
         service, bound = await nursery.start(serve, args.host, args.port, settings)

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from tskv.core.dynamo_hashes import DynamoHashes, HashedIndex
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import TskvError
 from tskv.core.prefix_index import MAX_BLOCK_SIZE, Match, PrefixIndex
@@ -24,6 +25,7 @@ from tskv.core.routing import LoadAwarePolicy
 
 DEFAULT_GROUP = "default"  # Dynamo's routing group when a request names none
 MAX_U64 = 2**64 - 1
+MIN_I64, MAX_I64 = -(2**63), 2**63 - 1  # Dynamo's clients send block hashes as i64
 MAX_TOKEN = 2**32 - 1  # Dynamo reads token ids as u32
 MAX_QUERY_TOKENS = 1 << 20  # a longer prompt is refused (413): no model takes one
 MAX_WORKERS = 10_000  # registrations, each a subscriber with its sockets: a bound on memory
@@ -174,6 +176,38 @@ class Query:
 
 
 @attrs.frozen
+class HashQuery:
+    """`POST /query_by_hash`: a prefix named by Dynamo's block hashes (`DynamoHashes`)."""
+
+    block_hashes: list[int]
+    model_name: str
+    routing_group: str
+
+    @property
+    def index(self) -> IndexKey:
+        return self.model_name, self.routing_group
+
+    @classmethod
+    def parse(cls, body: object) -> HashQuery:
+        data = _object(body)
+        hashes = data.get("block_hashes")
+        if not isinstance(hashes, list):
+            raise ApiError(422, f"block_hashes must be a list of block hashes, got {hashes!r:.40}")
+        if len(hashes) > MAX_QUERY_TOKENS:
+            raise ApiError(413, f"{len(hashes)} block hashes: at most {MAX_QUERY_TOKENS} a query")
+        for each in hashes:
+            if type(each) is not int or not MIN_I64 <= each <= MAX_I64:
+                raise ApiError(
+                    422, f"block_hashes must be integers from -2**63 to 2**63-1, got {each!r:.40}"
+                )
+        return cls(
+            hashes,
+            _field(data, "model_name", str),
+            _field(data, "routing_group", str, DEFAULT_GROUP),
+        )
+
+
+@attrs.frozen
 class Selection:
     """`POST /select`: a query, and the caller's view of each worker's load (tokens queued);
     a worker left out is idle."""
@@ -207,6 +241,17 @@ class ModelIndex:
     workers: dict[WorkerKey, Registration] = attrs.Factory(dict)
 
     @property
+    def hashes(self) -> DynamoHashes:
+        """Its workers' blocks by Dynamo's hashes; 501 where the service keeps none."""
+        if not isinstance(self.index, HashedIndex):
+            raise ApiError(
+                501,
+                "this route takes Dynamo's block hashes, which this service does not keep: "
+                "start it with --dynamo-hashes, or send the token ids to /query",
+            )
+        return self.index.hashes
+
+    @property
     def block_size(self) -> int:
         return self.index.block_size
 
@@ -218,9 +263,10 @@ class Registry:
     """Every index the service keeps and who is registered in each: what a registration,
     an unregistration or a query means, decided here; following the streams is the shell's."""
 
-    def __init__(self, max_workers: int = MAX_WORKERS) -> None:
+    def __init__(self, max_workers: int = MAX_WORKERS, dynamo_hashes: bool = False) -> None:
         self.indexes: dict[IndexKey, ModelIndex] = {}
         self.max_workers = max_workers  # what a client may make the service follow, at most
+        self.index_type = HashedIndex if dynamo_hashes else PrefixIndex  # a new model's
 
     def state(self) -> dict[str, Any]:
         """What a restarted service needs to follow the same workers: every registration."""
@@ -250,7 +296,7 @@ class Registry:
                 "unregister one first",
             )
         if known is None:
-            model = ModelIndex(registration.index, PrefixIndex(registration.block_size))
+            model = ModelIndex(registration.index, self.index_type(registration.block_size))
         else:
             model = known
             if registration.block_size != model.block_size:
@@ -303,21 +349,22 @@ def _key(worker: object) -> WorkerKey:
 
 
 def answer(match: Match, block_size: int, stale_reasons: Mapping[WorkerKey, str]) -> dict[str, Any]:
-    """`/query`'s answer: Dynamo's `scores` (matched tokens by instance, then dp rank) and
-    `instances` (by tier: `gpu` on the device; `cpu` and `disk` counting the lower tiers too,
-    as Dynamo's do), and in `tskv` what Dynamo cannot say: which workers' views are stale, and
-    why."""
+    """`/query`'s answer: Dynamo's `scores` (tokens matched on the device, by instance, then
+    dp rank: what its router's cost counts as reused without a load) and `instances` (`gpu`
+    the device's; `longest_matched`, `cpu` and `disk` counting the lower tiers too, as Dynamo's
+    do), and in `tskv` what Dynamo cannot say: which workers' views are stale, and why."""
     scores: dict[str, dict[str, int]] = {}
     instances: dict[str, dict[str, Any]] = {}
     for worker, blocks in match.items():
         instance, rank = _key(worker)
         tokens = blocks * block_size
         device = match.on_device(worker) * block_size
-        scores.setdefault(str(instance), {})[str(rank)] = tokens
+        if device:  # Dynamo's scores name no worker that holds none of it on the device
+            scores.setdefault(str(instance), {})[str(rank)] = device
         held = instances.setdefault(
             str(instance), {"longest_matched": 0, "gpu": 0, "dp": {}, "cpu": 0, "disk": 0}
         )
-        held["dp"][str(rank)] = tokens
+        held["dp"][str(rank)] = device
         held["longest_matched"] = max(held["longest_matched"], tokens)
         held["gpu"] = max(held["gpu"], device)
         held["cpu"] = held["disk"] = held["longest_matched"]
@@ -330,6 +377,20 @@ def answer(match: Match, block_size: int, stale_reasons: Mapping[WorkerKey, str]
         "frequencies": [],
         "instances": instances,
         "tskv": {"block_size": block_size, "stale": stale},
+    }
+
+
+def dumped(models: Iterable[ModelIndex]) -> dict[str, Any]:
+    """`GET /dump`: each index's workers' blocks as the stores that would build Dynamo's tree
+    again (its peers recover from a dump); under `tskv`, how many blocks were left out because
+    their Dynamo hash is not known (`DynamoHashes.left_out`)."""
+    return {
+        "{}:{}".format(*model.key): {
+            "block_size": model.block_size,
+            "events": [e for w in model.hashes.workers() for e in model.hashes.dump(w, *_key(w))],
+            "tskv": {"left_out": model.hashes.left_out},
+        }
+        for model in models
     }
 
 
@@ -458,6 +519,20 @@ OPENAPI: dict[str, Any] = {
         "/select": {
             "post": _route("the worker to send to, and why", "Selection", {"type": "object"})
         },
+        "/query_by_hash": {
+            "post": _route(
+                "/query for a prefix named by Dynamo's block hashes (--dynamo-hashes)",
+                "HashQuery",
+                {"type": "object"},
+            )
+        },
+        "/dump": {
+            "get": _route(
+                "every block, as stores Dynamo's tree applies (--dynamo-hashes)",
+                None,
+                {"type": "object"},
+            )
+        },
         "/workers": {"get": _route("the registered workers", None, {"type": "array"})},
         "/health": {"get": _route("the service answers", None, {})},
         "/metrics": {"get": _route("Prometheus' text format", None, {})},
@@ -483,6 +558,15 @@ OPENAPI: dict[str, Any] = {
                 dp_rank=_U64,
             ),
             "Query": _object_schema(["token_ids", "model_name"], **_QUERY),
+            "HashQuery": _object_schema(
+                ["block_hashes", "model_name"],
+                block_hashes={
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": MIN_I64, "maximum": MAX_I64},
+                },
+                model_name=_NAME,
+                routing_group=_NAME,
+            ),
             "Selection": _object_schema(
                 ["token_ids", "model_name"],
                 **_QUERY,

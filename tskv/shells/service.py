@@ -29,6 +29,7 @@ from tskv.core.indexer_api import (
     MAX_WORKERS,
     OPENAPI,
     ApiError,
+    HashQuery,
     ModelIndex,
     Query,
     Registration,
@@ -37,9 +38,11 @@ from tskv.core.indexer_api import (
     Unregistration,
     WorkerKey,
     answer,
+    dumped,
     listing,
     selected,
 )
+from tskv.core.prefix_index import Match
 from tskv.core.routing import LoadAwarePolicy
 from tskv.shells._reachability import unreachable_reason
 from tskv.shells.service_metrics import ServiceMetrics
@@ -70,13 +73,21 @@ class ServiceSettings:
     curve_secret_key: str | None = None
     processes: int = 0  # reader processes each index's watcher follows its workers in
     max_workers: int = MAX_WORKERS  # registrations the service takes, at most
+    dynamo_hashes: bool = False  # keep Dynamo's block hashes: /query_by_hash and /dump answer
+
+    def __attrs_post_init__(self) -> None:
+        if self.dynamo_hashes and self.processes:
+            raise ConfigError(
+                "--dynamo-hashes needs the events read in the service's own process, and "
+                f"--processes {self.processes} reads them elsewhere: drop one of the two"
+            )
 
 
 class IndexerService:
     """The registry and a running watcher for each of its indexes."""
 
     def __init__(self, nursery: trio.Nursery, settings: ServiceSettings) -> None:
-        self.registry = Registry(settings.max_workers)
+        self.registry = Registry(settings.max_workers, settings.dynamo_hashes)
         self.settings = settings
         self.metrics = ServiceMetrics(self.watchers)
         self._nursery = nursery
@@ -174,6 +185,18 @@ class IndexerService:
         self.metrics.queried(time.perf_counter() - began)
         return 200, answer(match, model.block_size, self.stale_reasons(model))
 
+    def query_by_hash(self, body: object) -> Reply:
+        query = HashQuery.parse(body)
+        model = self.registry.model(query.index)
+        began = time.perf_counter()
+        held, lower = model.hashes.match(query.block_hashes)
+        match = Match(held, model.index.stale, lower=lower, block_size=model.block_size)
+        self.metrics.queried(time.perf_counter() - began)
+        return 200, answer(match, model.block_size, self.stale_reasons(model))
+
+    def dump(self) -> Reply:
+        return 200, dumped(self.registry.indexes.values())
+
     def select(self, body: object) -> Reply:
         selection = Selection.parse(body)
         model = self.registry.model(selection.query.index)
@@ -250,8 +273,8 @@ class IndexerApp:
             "/workers": ("GET", self._sync(lambda _: service.workers())),
             "/health": ("GET", self._sync(lambda _: (200, None))),
             "/openapi.json": ("GET", self._sync(lambda _: (200, OPENAPI))),
-            "/query_by_hash": ("POST", self._sync(_not_here)),
-            "/dump": ("GET", self._sync(_not_here)),
+            "/query_by_hash": ("POST", self._sync(service.query_by_hash)),
+            "/dump": ("GET", self._sync(lambda _: service.dump())),
         }
 
     @staticmethod
@@ -296,16 +319,6 @@ class IndexerApp:
             if name == b"authorization" and hmac.compare_digest(value, f"Bearer {token}".encode()):
                 return
         raise ApiError(401, "a bearer token is required: Authorization: Bearer <token>")
-
-
-def _not_here(_: object) -> Reply:
-    """Dynamo's /query_by_hash and /dump speak its own token hashes (a block's `tokens_hash`),
-    which tskv's index does not keep: answering them would be making them up."""
-    raise ApiError(
-        501,
-        "this route takes Dynamo's own token hashes, which tskv's index does not keep: send "
-        "the token ids to /query",
-    )
 
 
 def _replace(path: Path, content: bytes) -> None:
