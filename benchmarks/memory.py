@@ -81,7 +81,7 @@ def _compiled_core_loop(conn: Connection) -> None:
     tiered block's), a query answered, a plain batch read from its bytes and its run keyed. A
     leak of a few bytes a call would be megabytes here (in a fresh process)."""
     from tskv.core import compiled
-    from tskv.core.block_keys import PLAIN_ROOT, root_key
+    from tskv.core.block_keys import PLAIN_ROOT
     from tskv.core.events import BlockStored
     from tskv.core.prefix_index import Match
 
@@ -94,6 +94,7 @@ def _compiled_core_loop(conn: Connection) -> None:
     matcher.set_workers(("w",), ("w",))
     held = {hash((PLAIN_ROOT, (1, 2, 3, 4))): 1}
     table.update(held)
+    roots = {(None, None): PLAIN_ROOT}
 
     def one_round(n: int) -> None:
         base = (n % 1_000) * 8
@@ -105,13 +106,16 @@ def _compiled_core_loop(conn: Connection) -> None:
         core.walk(table, None, PLAIN_ROOT, tokens, 4, [])
         table.let_go(keys, 2)
         ids = [base, base + 1, ("CPU", None, base + 2)]
-        blocks.update(zip(ids, [*keys, None], strict=True))
+        blocks.add_new(ids[:2], keys)
+        blocks[ids[2]] = None
         blocks.pop_many(ids, None)
         payload = encode_round(float(n), [BlockStored([base], None, tokens[:4], 4)], 0)
         read = core.read_plain(payload, 4)
         assert read is not None
         core.read_run(read[2], 4, blocks, PLAIN_ROOT)
-        core.plain_run([(BlockStored([base], None, tokens, 4), None)], 4, blocks, root_key)
+        core.plain_run(
+            [(BlockStored([base], None, tokens, 4), None)], 4, blocks, roots, BlockStored
+        )
         core.pack_keys(keys)
 
     for n in range(CORE_ROUNDS // 10):  # warm: every list and dict at the size it keeps

@@ -300,7 +300,17 @@ def test_what_is_not_bytes_is_left_to_the_decoder_or_read_as_bytes(payload: Any)
 
 
 def test_read_run_refuses_what_read_plain_never_makes() -> None:
+    """A step read_plain never makes is refused; a worker's blocks that are not a BlockMap of
+    plain ids (or a root that is not an exact int) are declined, for filing to key in Python."""
+    blocks = _compiled.BlockMap()
     with pytest.raises(TypeError):
-        _compiled.read_run([(STORED, [1], None)], 2, {}, 0)
+        _compiled.read_run([(STORED, [1], None)], 2, blocks, 0)
     with pytest.raises(TypeError):
-        _compiled.read_run("not a list", 2, {}, 0)
+        _compiled.read_run([(STORED, [True], None, b"", 2)], 2, blocks, 0)  # an int subclass
+    with pytest.raises(TypeError):
+        _compiled.read_run("not a list", 2, blocks, 0)
+    steps = [(STORED, [1], None, b"", 2)]
+    assert _compiled.read_run(steps, 2, blocks, 0) == ([1], [None], 0, 1)
+    assert _compiled.read_run(steps, 2, {}, 0) is None
+    blocks[object()] = 1  # an id whose hash is its own: the map is no longer plain
+    assert _compiled.read_run(steps, 2, blocks, 0) is None

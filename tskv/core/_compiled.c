@@ -63,11 +63,13 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
      "walk(real, predicted, key, tokens, size, keys_out) -> (changes, blocks) | None."},
     {"plain_run", plain_run, METH_VARARGS,
-     "plain_run(run, size, blocks, root_key) -> (ids, keys, mismatched) | None: filing's keys."},
+     "plain_run(run, size, blocks, roots, event_type) -> (ids, keys, mismatched) | None: "
+     "filing's keys."},
     {"read_plain", read_plain, METH_VARARGS,
      "read_plain(payload, size) -> (ts, rank, steps) | None: a plain batch, read and hashed."},
     {"read_run", read_run, METH_VARARGS,
-     "read_run(run, size, blocks, root) -> (ids, keys, mismatched, orphans): steps' keys."},
+     "read_run(run, size, blocks, root) -> (ids, keys, mismatched, orphans) | None: steps' "
+     "keys."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -53,6 +53,13 @@ def filed(cleared: bool, strings: bool, lookahead: int) -> Filed:
 RunKeys = list[int | None]  # a run's keys, None for an orphan's
 
 
+# (LoRA name, cache salt) -> its root key: the compiled core keys a run from here and calls no
+# function; `run_keys` learns them as it keys runs in Python, at most MAX_ROOTS
+Roots = dict[tuple[str | None, str | None], int]
+MAX_ROOTS = 4096
+_NAMES = (str, type(None))
+
+
 class Filing:
     """Files each worker's events in `holdings`, counting what it could not file."""
 
@@ -61,6 +68,7 @@ class Filing:
         self.orphans = 0  # blocks stored under a parent never seen: not matchable
         self.mismatched = 0  # BlockStored events of another block size than the index's
         self.unplaced = 0  # hashes of stores that skip blocks, found in no other group
+        self.roots: Roots = {(None, None): PLAIN_ROOT}  # for the compiled core: `run_keys`
 
     def apply(self, worker: Worker, events: Iterable[KVEvent]) -> Filed:
         """File one batch of `worker`'s events, in order."""
@@ -121,9 +129,10 @@ class Filing:
                 cleared = True
             else:
                 view.tier = UNTIERED  # as `needs_hybrid` notes a plain worker's first store
-                ids, keys, mismatched, orphans = core.read_run(steps, size, view.blocks, PLAIN_ROOT)
-                if not add_new(view.blocks, ids, keys):  # nothing changed: filed from events
-                    rest = self.apply(worker, batch.events[start:])
+                made = core.read_run(steps, size, view.blocks, PLAIN_ROOT)
+                ids, keys, mismatched, orphans = made or ([], [], 0, 0)
+                if made is None or not add_new(view.blocks, ids, keys):  # nothing changed:
+                    rest = self.apply(worker, batch.events[start:])  # filed from events
                     return filed(cleared or rest.cleared, rest.strings, rest.lookahead)
                 self._hold_new(view, keys, mismatched, orphans)
         return filed(cleared, False, view.lookahead)
@@ -147,7 +156,9 @@ class Filing:
             strings = self.store(view, *run[0])
             run.clear()
             return strings
-        ids, keys, mismatched, strings = run_keys(run, view.blocks, self.holdings.block_size)
+        ids, keys, mismatched, strings = run_keys(
+            run, view.blocks, self.holdings.block_size, self.roots
+        )
         if add_new(view.blocks, ids, keys):
             self._hold_new(view, keys, mismatched, keys.count(None))
             run.clear()
@@ -273,37 +284,48 @@ class Filing:
         self.remove_ids(view, block_ids(tier_of(event), event.block_hashes))
 
     def remove_ids(self, view: WorkerBlocks, ids: Sequence[BlockId]) -> None:
-        """Let go of a plain worker's blocks `ids`."""
+        """Let go of a plain worker's blocks `ids`: the compiled map pops them in one call,
+        unless it declines (an id that is not plain) or a block has copies."""
         blocks = view.blocks
-        if not view.copies:
-            if isinstance(blocks, dict):
-                self.holdings.release(view, [blocks.pop(each, ABSENT) for each in ids])
-            else:  # the compiled map: one call for the whole event
-                self.holdings.release(view, blocks.pop_many(ids, ABSENT))
-            return
-        pop = blocks.pop
-        copies, let_go = view.copies, []
-        for each in ids:
-            if copies.get(each):
-                copies[each] -= 1
-                if not copies[each]:
-                    del copies[each]
-                let_go.append(view.blocks[each])
-            else:
-                let_go.append(pop(each, ABSENT))
-        self.holdings.release(view, let_go)
+        found = None if view.copies or isinstance(blocks, dict) else blocks.pop_many(ids, ABSENT)
+        self.holdings.release(view, taken_out(view, ids) if found is None else found)
+
+
+def taken_out(view: WorkerBlocks, ids: Sequence[BlockId]) -> list[Any]:
+    """The keys a plain worker lets go of as its blocks `ids` leave (ABSENT for a block it did
+    not hold); a block with copies beyond the first only has one fewer."""
+    blocks, copies = view.blocks, view.copies
+    if not copies:
+        return [blocks.pop(each, ABSENT) for each in ids]
+    let_go = []
+    for each in ids:
+        if copies.get(each):
+            copies[each] -= 1
+            if not copies[each]:
+                del copies[each]
+            let_go.append(blocks[each])
+        else:
+            let_go.append(blocks.pop(each, ABSENT))
+    return let_go
 
 
 def add_new(blocks: BlockKeys, ids: list[BlockId], keys: list[int | None]) -> bool:
     """Store each block's key if none of the blocks is in `blocks` nor twice in `ids`; whether
     it did (if not, `blocks` is as it was). The compiled map does it in one call."""
-    added = None if isinstance(blocks, dict) else blocks.add_new(ids, keys)
-    if added is not None:
-        return added
-    if not blocks.keys().isdisjoint(ids):
-        return False
     before = len(blocks)
-    blocks.update(zip(ids, keys, strict=True))
+    if isinstance(blocks, dict):
+        if not blocks.keys().isdisjoint(ids):
+            return False
+        blocks.update(zip(ids, keys, strict=True))
+    else:  # the compiled map, or, where it declines, its entries one call each
+        added = blocks.add_new(ids, keys)
+        if added is not None:
+            return added
+        set(ids)  # every id hashed first, as a dict's isdisjoint does: one that raises stores none
+        if any(each in blocks for each in ids):
+            return False
+        for each, key in zip(ids, keys, strict=True):
+            blocks[each] = key
     if len(blocks) == before + len(ids):
         return True
     for each in ids:  # a block twice in the run: none of them was here before
@@ -312,13 +334,14 @@ def add_new(blocks: BlockKeys, ids: list[BlockId], keys: list[int | None]) -> bo
 
 
 def run_keys(
-    run: list[Stored], blocks: BlockKeys, size: int
+    run: list[Stored], blocks: BlockKeys, size: int, roots: Roots
 ) -> tuple[list[BlockId], list[int | None], int, bool]:
     """The run's blocks in order, their keys, how many of its events cut blocks of another
     size than the index's, and whether a token id was a string. The compiled core keys a
-    plain run (no tier, no identity) in one call, straight from its token ids."""
+    plain run (no tier, no identity, a root in `roots`) in one call, straight from its token
+    ids; a run keyed here teaches `roots` its roots."""
     if compiled.core is not None:
-        made = compiled.core.plain_run(run, size, blocks, root_key)
+        made = compiled.core.plain_run(run, size, blocks, roots, BlockStored)
         if made is not None:
             return *made, False
     ids: list[BlockId] = []
@@ -332,12 +355,21 @@ def run_keys(
             key = keys[-1]  # the event before ends where this one starts
         else:  # if the run stores its parent again, the run goes slowly in store_run
             key = first_key(event, tier, blocks, ids, keys)
+            if parent is None and len(roots) < MAX_ROOTS:
+                learn_root(roots, event.lora_name, event.cache_salt, key)
         if found is None:
             found, cut_strings = contents(event.token_ids, None, len(event.block_hashes), size)
             strings = strings or cut_strings
         keys.extend(chain(key, found))
         ids.extend(block_ids(tier, event.block_hashes))
     return ids, keys, mismatched, strings
+
+
+def learn_root(roots: Roots, lora_name: Any, cache_salt: Any, key: int | None) -> None:
+    """Keep a root for the compiled core: only of strings and None, whose hash and equality
+    run no Python code where it looks them up."""
+    if key is not None and type(lora_name) in _NAMES and type(cache_salt) in _NAMES:
+        roots[lora_name, cache_salt] = key
 
 
 def first_key(

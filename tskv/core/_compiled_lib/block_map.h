@@ -5,13 +5,58 @@ The usual entry, an engine hash within 0..2**64 - 2 and a key from hash() (never
 mask); anything else (a tiered block's tuple, a negative hash, a None key: an orphan) goes in a
 dict beside it (`other`). An id is in one place or the other, never both. Iteration follows the
 slots, not the order of insertion: nothing the index does with a worker's blocks depends on it.
+
+Every id tskv makes is plain: an exact int, or an exact tuple of exact ints, strings and None
+(a tier's medium, group and hash); hashing or comparing a plain id runs no Python code. The
+map's loops (add_new, pop_many) run only over plain ids, and only while the dict beside the
+slots holds none but plain ids (`exotic` is 0): an id of any other kind (an int subclass, an
+object with its own __hash__) is stored and found one call at a time, as a dict would, and
+once the dict holds one the loops decline (None) and filing does their work in Python. No
+Python code runs inside a loop of this file's.
 */
 
 typedef struct {
     PyObject_HEAD
     Slots table;
     PyObject *other; /* id -> key for what no slot holds (a dict, made when first needed) */
+    int exotic;      /* `other` holds an id that is not plain: the loops decline */
 } BlockMap;
+
+/* Whether hashing and comparing `obj` runs no Python code (see above); `depth` bounds the
+   tuples within tuples looked into. */
+static int
+plain_id(PyObject *obj, int depth)
+{
+    if (PyLong_CheckExact(obj) || PyUnicode_CheckExact(obj) || PyBytes_CheckExact(obj) ||
+        obj == Py_None) {
+        return 1;
+    }
+    if (!PyTuple_CheckExact(obj) || depth == 0) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(obj); i++) {
+        if (!plain_id(PyTuple_GET_ITEM(obj, i), depth - 1)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Whether every id of `ids` is plain and the dict beside the slots holds only plain ids: a
+   loop over `ids` may then look each one up with no Python code run. */
+static int
+loop_is_plain(const BlockMap *t, PyObject *const *ids, Py_ssize_t count)
+{
+    if (t->exotic) {
+        return 0;
+    }
+    for (Py_ssize_t n = 0; n < count; n++) {
+        if (!plain_id(ids[n], 2)) {
+            return 0;
+        }
+    }
+    return 1;
+}
 
 /* BlockMap(): empty. */
 static PyObject *
@@ -38,10 +83,11 @@ drop_other_if_empty(BlockMap *t)
 {
     if (t->other != NULL && PyDict_GET_SIZE(t->other) == 0) {
         Py_CLEAR(t->other);
+        t->exotic = 0;
     }
 }
 
-/* keys(): the map is its own keys view (in, len, iteration, isdisjoint). */
+/* keys(): the map is its own keys view (in, len, iteration). */
 static PyObject *
 BlockMap_keys(BlockMap *t, PyObject *unused)
 {
@@ -54,6 +100,7 @@ BlockMap_clear(BlockMap *t, PyObject *unused)
     slots_free(t->table.slots, t->table.capacity);
     t->table = (Slots){NULL, 0, 0};
     Py_CLEAR(t->other);
+    t->exotic = 0;
     Py_RETURN_NONE;
 }
 
@@ -67,7 +114,7 @@ BlockMap_sizeof(BlockMap *t, PyObject *unused)
 static int
 id_of(PyObject *obj, int64_t *out)
 {
-    if (!PyLong_Check(obj)) {
+    if (!PyLong_CheckExact(obj)) {
         return 0;
     }
     if (fits_in(obj, 64, 0)) {
@@ -200,6 +247,7 @@ block_set(BlockMap *t, PyObject *key, PyObject *value)
     PyObject *high = Py_NewRef(t->other); /* held: storing may run an id's __eq__ */
     int failed = PyDict_SetItem(high, key, value);
     Py_DECREF(high);
+    t->exotic |= !failed && !plain_id(key, 2);
     return failed;
 }
 
@@ -311,20 +359,24 @@ BlockMap_setdefault(BlockMap *t, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* pop_many(ids, default): [pop(id, default) for id in ids], one lookup each for the usual
-   id (the list comprehension made three, and a method call, per block). */
+   id (the list comprehension made three, and a method call, per block); None, having popped
+   nothing, unless `ids` is a list or tuple of plain ids and the map holds only plain ids. */
 static PyObject *
 BlockMap_pop_many(BlockMap *t, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
         return PyErr_Format(PyExc_TypeError, "pop_many expected 2 arguments, got %zd", nargs);
     }
-    PyObject *fast = PySequence_Fast(args[0], "pop_many takes a sequence of block ids");
-    if (fast == NULL) {
-        return NULL;
+    if (!PyList_CheckExact(args[0]) && !PyTuple_CheckExact(args[0])) {
+        Py_RETURN_NONE;
     }
+    PyObject *fast = Py_NewRef(args[0]); /* held: the list is not ours */
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **ids = PySequence_Fast_ITEMS(fast);
-    Items held = {fast, ids, size};
+    if (!loop_is_plain(t, ids, size)) {
+        Py_DECREF(fast);
+        Py_RETURN_NONE;
+    }
     PyObject *popped = PyList_New(size); /* its items NULL until set: safe to drop */
     for (Py_ssize_t n = 0; popped != NULL && n < size; n++) {
         int64_t id;
@@ -340,12 +392,8 @@ BlockMap_pop_many(BlockMap *t, PyObject *const *args, Py_ssize_t nargs)
                 remove_at(&t->table, (size_t)i);
             }
         } else {
-            PyObject *pair[2] = {Py_NewRef(ids[n]), args[1]}; /* held: its __eq__ may drop it */
-            value = BlockMap_pop(t, pair, 2); /* the other dict, or the default */
-            Py_DECREF(pair[0]);
-            if (value != NULL && items_moved(&held)) {
-                Py_CLEAR(value);
-            }
+            PyObject *pair[2] = {ids[n], args[1]};
+            value = BlockMap_pop(t, pair, 2); /* the other dict (plain ids), or the default */
         }
         if (value == NULL) {
             Py_CLEAR(popped);
@@ -418,74 +466,34 @@ BlockMap_items(BlockMap *t, PyObject *unused)
     return block_list(t, 2);
 }
 
-static PyObject *
-BlockMap_isdisjoint(BlockMap *t, PyObject *other)
-{
-    return disjoint((PyObject *)t, &t->table, other, (objobjproc)BlockMap_contains);
-}
-
-/* update(pairs): a dict, or any iterable of (id, value) pairs (zip(ids, keys), say). */
-static PyObject *
-BlockMap_update(BlockMap *t, PyObject *pairs)
-{
-    PyObject *source = PyDict_Check(pairs) ? PyDict_Items(pairs) : Py_NewRef(pairs);
-    PyObject *iterator = source == NULL ? NULL : PyObject_GetIter(source), *pair;
-    Py_XDECREF(source);
-    if (iterator == NULL) {
-        return NULL;
-    }
-    while ((pair = PyIter_Next(iterator)) != NULL) {
-        int failed = !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2;
-        if (failed) {
-            PyErr_Format(PyExc_TypeError, "BlockMap.update takes (id, key) pairs, not %R", pair);
-        } else {
-            failed = block_set(t, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)) < 0;
-        }
-        Py_DECREF(pair);
-        if (failed) {
-            Py_DECREF(iterator);
-            return NULL;
-        }
-    }
-    Py_DECREF(iterator);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 /* add_new(ids, keys): filing's usual run, blocks new to the worker: when no id is in the map
-   nor twice in `ids`, each stored with its key: True; else False, the map as it was. None for
-   what only the map's dict beside the slots holds (an id that is not an int below 2**64 - 1,
-   a key that is not an int from hash(): an orphan's None): the Python path stores those. */
+   nor twice in `ids`, each stored with its key: True; else False, the map as it was. None,
+   having changed nothing, for what only the map's dict beside the slots holds (an id that is
+   not an exact int below 2**64 - 1, a key that is not an int from hash(): an orphan's None),
+   for ids and keys that are not lists or tuples, and while the dict holds an id that is not
+   plain: the Python path stores those. */
 static PyObject *
 BlockMap_add_new(BlockMap *t, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
         return PyErr_Format(PyExc_TypeError, "add_new expected 2 arguments, got %zd", nargs);
     }
-    PyObject *ids = PySequence_Fast(args[0], "add_new takes a sequence of block ids");
-    PyObject *keys = ids == NULL ? NULL : PySequence_Fast(args[1], "add_new takes keys");
-    if (keys == NULL) {
-        Py_XDECREF(ids);
-        return NULL;
+    PyObject *ids = args[0], *keys = args[1];
+    if (!(PyList_CheckExact(ids) || PyTuple_CheckExact(ids)) ||
+        !(PyList_CheckExact(keys) || PyTuple_CheckExact(keys)) || t->exotic) {
+        Py_RETURN_NONE;
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(ids);
-    Items held = {ids, PySequence_Fast_ITEMS(ids), count};
-    Items held_keys = {keys, PySequence_Fast_ITEMS(keys), PySequence_Fast_GET_SIZE(keys)};
-    PyObject *result = NULL;
-    int64_t *bits = NULL; /* the ids' bits, then the keys' */
     if (PySequence_Fast_GET_SIZE(keys) != count) {
-        PyErr_Format(PyExc_ValueError, "add_new: %zd ids and %zd keys", count,
-                     PySequence_Fast_GET_SIZE(keys));
-        goto done;
+        return PyErr_Format(PyExc_ValueError, "add_new: %zd ids and %zd keys", count,
+                            PySequence_Fast_GET_SIZE(keys));
     }
-    if ((bits = PyMem_Malloc((size_t)(count ? 2 * count : 1) * sizeof(int64_t))) == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    int64_t *bits = PyMem_Malloc((size_t)(count ? 2 * count : 1) * sizeof(int64_t));
+    if (bits == NULL) { /* the ids' bits, then the keys' */
+        return PyErr_NoMemory();
     }
-    int others = t->other != NULL && PyDict_GET_SIZE(t->other);
-    for (Py_ssize_t n = 0; n < count; n++) {
+    PyObject *result = NULL;
+    for (Py_ssize_t n = 0; n < count; n++) { /* exact ints only: no Python code runs here */
         PyObject *id = PySequence_Fast_GET_ITEM(ids, n);
         int fits = id_of(id, &bits[n]);
         int holds = fits > 0 ? key_of(PySequence_Fast_GET_ITEM(keys, n), &bits[count + n]) : fits;
@@ -493,15 +501,8 @@ BlockMap_add_new(BlockMap *t, PyObject *const *args, Py_ssize_t nargs)
             result = holds < 0 ? NULL : Py_NewRef(Py_None);
             goto done;
         }
-        int beside = 0;
-        if (others && t->other != NULL) { /* the id and the dict held: an __eq__ may drop them */
-            PyObject *high = Py_NewRef(t->other);
-            Py_INCREF(id);
-            beside = PyDict_Contains(high, id);
-            Py_DECREF(id);
-            Py_DECREF(high);
-            beside = beside == 0 && (items_moved(&held) || items_moved(&held_keys)) ? -1 : beside;
-        }
+        int beside = t->other != NULL && PyDict_GET_SIZE(t->other) ? PyDict_Contains(t->other, id)
+                                                                    : 0;
         if (beside) {
             result = beside < 0 ? NULL : Py_NewRef(Py_False);
             goto done;
@@ -511,8 +512,6 @@ BlockMap_add_new(BlockMap *t, PyObject *const *args, Py_ssize_t nargs)
     result = added < 0 ? NULL : PyBool_FromLong(added);
 done:
     PyMem_Free(bits);
-    Py_DECREF(ids);
-    Py_DECREF(keys);
     return result;
 }
 
@@ -530,9 +529,6 @@ static PyMethodDef BlockMap_methods[] = {
     {"keys", (PyCFunction)BlockMap_keys, METH_NOARGS, "keys(): the map, its own keys view."},
     {"values", (PyCFunction)BlockMap_values, METH_NOARGS, "values(): a list of the keys."},
     {"items", (PyCFunction)BlockMap_items, METH_NOARGS, "items(): a list of (id, key)."},
-    {"isdisjoint", (PyCFunction)BlockMap_isdisjoint, METH_O,
-     "isdisjoint(ids): whether none of `ids` is here."},
-    {"update", (PyCFunction)BlockMap_update, METH_O, "update(pairs): store (id, key) pairs."},
     {"clear", (PyCFunction)BlockMap_clear, METH_NOARGS, "clear(): forget every block."},
     {"__sizeof__", (PyCFunction)BlockMap_sizeof, METH_NOARGS, "the table's bytes"},
     {NULL, NULL, 0, NULL},

@@ -101,7 +101,7 @@ table_set(KeyTable *t, PyObject *key_obj, PyObject *value)
     if (stored_key(key_obj, &key) < 0) {
         return -1;
     }
-    if (!PyLong_Check(value)) {
+    if (!PyLong_CheckExact(value)) {
         PyErr_Format(PyExc_TypeError, "KeyTable: a mask is an int, not %R", value);
         return -1;
     }
@@ -709,7 +709,7 @@ pack_keys(PyObject *module, PyObject *keys)
     PyObject *packed = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
     for (Py_ssize_t n = 0; packed != NULL && n < count; n++) {
         int overflow;
-        long long value = PyLong_Check(items[n])
+        long long value = PyLong_Check(items[n]) /* its value read in C, never hashed */
                               ? PyLong_AsLongLongAndOverflow(items[n], &overflow)
                               : (PyErr_Format(PyExc_TypeError, "pack_keys: %R is not an int",
                                               items[n]),

@@ -125,7 +125,7 @@ fetch_key(const Slots *t, int64_t bits, int removing)
 static inline void
 fetch_home(const Slots *t, PyObject *obj, int removing)
 {
-    if (PyLong_Check(obj)) {
+    if (PyLong_CheckExact(obj)) {
         fetch_key(t, (int64_t)PyLong_AsUnsignedLongLongMask(obj), removing); /* no error */
     }
 }
@@ -303,7 +303,7 @@ fits_in(PyObject *obj, int64_t bits, int negative_ok)
 static int
 key_of(PyObject *obj, int64_t *out)
 {
-    if (!PyLong_Check(obj)) {
+    if (!PyLong_CheckExact(obj)) {
         return 0;
     }
     if (fits_in(obj, 63, 1)) { /* within int64 either sign: the mask is its two's complement */
@@ -326,7 +326,7 @@ key_of(PyObject *obj, int64_t *out)
 static int
 is_absent(PyObject *obj)
 {
-    if (!PyLong_Check(obj)) {
+    if (!PyLong_CheckExact(obj)) {
         return 0;
     }
     int overflow;
