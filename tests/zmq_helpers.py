@@ -118,23 +118,6 @@ def free_loopback_port() -> int:
         return port
 
 
-async def released(endpoint: str) -> None:
-    """Wait until a loopback tcp endpoint a closed ZeroMQ socket listened on can be bound again:
-    ZeroMQ closes its listener in its I/O thread after close() returns, and nothing says when."""
-    port = int(endpoint.rsplit(":", 1)[1])
-    with trio.fail_after(10):
-        while True:
-            with socket.socket() as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    pass
-                else:
-                    return
-            await trio.sleep(0.01)
-
-
 @contextmanager
 def refusing_endpoint() -> Iterator[str]:
     """A loopback tcp endpoint that refuses every connection for as long as it is held: a

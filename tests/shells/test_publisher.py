@@ -519,7 +519,7 @@ async def test_every_socket_monitor_is_stopped_before_its_socket_closes() -> Non
     ):
         with trio.fail_after(10):
             await publisher.wait_for_subscriber()
-        monitors = [*publisher._security.monitors, *sub._monitors]
+        monitors = [*publisher._security.monitors, *sub._stream._monitors]
         assert len(monitors) == 3 and not any(monitor.stopped for monitor in monitors)
     assert all(monitor.stopped for monitor in monitors)
 

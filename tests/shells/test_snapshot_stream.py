@@ -256,7 +256,7 @@ async def test_decoding_a_snapshot_lets_the_consumers_loop_run_between_its_parts
         async with tskv.open_subscriber(
             publisher.endpoint, publisher.replay_endpoint, start_seq="snapshot"
         ) as sub:
-            monkeypatch.setattr(sub, "_read", counted)  # how it decodes each part
+            monkeypatch.setattr(sub._stream, "_read", counted)  # how it decodes each part
             nursery.start_soon(tick)
             with trio.fail_after(60):
                 _, snapshot = await sub.__anext__()

@@ -1,19 +1,24 @@
 """Following one worker's stream for a watcher, wherever the watcher keeps its record.
 
-The loop subscribes (from the worker's snapshot when it has a replay endpoint), hands every
-batch, loss and silence to a `Record`, and subscribes again with a backoff when its subscriber
-fails. The record is the watcher itself; in a reader process, an outbox that tells that
-process's own watcher and then sends the worker's new state to the index's process.
+The loop opens the worker's stream (`_stream`, as a subscriber does: from the worker's snapshot
+when it has a replay endpoint), hands every batch, loss and silence to a `Record`, and opens it
+again with a backoff when it fails; while it waits with nothing queued, the watcher's pump
+applies a live batch in its stead (`deliver_now`). The record is the watcher itself; in a
+reader process, an outbox that tells that process's own watcher and then sends the worker's
+new state to the index's process.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from functools import partial
+from typing import Protocol, cast
 
 import attrs
 import trio
 import zmq
 
+from tskv.core.actions import Deliver
 from tskv.core.backoff import Backoff
 from tskv.core.config import SubscriberConfig
 from tskv.core.events import KVEventBatch
@@ -22,7 +27,7 @@ from tskv.core.prefix_index import PrefixIndex, Worker
 from tskv.core.read_batch import ReadBatch, reader
 from tskv.shells._live_pump import LivePump
 from tskv.shells._snapshot_parts import SnapshotParts
-from tskv.shells.subscriber import Inline, subscribe
+from tskv.shells._stream import Stream, open_stream
 
 RETRY_BACKOFF = (0.5, 10.0)  # first and longest wait before a failed worker is tried again
 SNAPSHOTS_AT_ONCE = 4  # workers of one process bootstrapping from a snapshot at a time
@@ -116,6 +121,26 @@ class _Turn:
         self.record.applied(self.worker, seq, batch)
 
 
+def deliver_now(
+    stream: Stream, has_room: Callable[[], bool], turn: _Turn, messages: list[list[bytes]]
+) -> bool | None:
+    """The pump's way in, for a follower parked on an empty inbox: live `messages` sequenced
+    and their batches applied here and now, where the follower would have been woken to do the
+    same (a task switch a batch). False when something is left for the follower (news other
+    than a batch, or no room): the pump wakes it. None, doing nothing, when there is no room to
+    begin with."""
+    if not has_room():
+        return None
+    stream.take_live(messages)
+    ready = stream.ready
+    while ready and type(ready[0]) is Deliver and has_room():
+        item = cast(Deliver, ready.popleft())
+        batch = stream.decoded(item)
+        if batch is not None:
+            turn.applied(item.seq, batch)
+    return not ready
+
+
 @trio.lowlevel.enable_ki_protection  # Ctrl-C belongs to the caller's code
 async def follow(
     record: Record,
@@ -135,12 +160,13 @@ async def follow(
         try:
             if config.start_seq == "snapshot":
                 await bootstraps.take(turn, 2 * config.replay_timeout)
-            async with subscribe(
+            async with open_stream(
                 endpoint, replay_endpoint, config, on_loss=turn.lost, on_silence=turn.silence,
                 on_synced=turn.synced, context=context, pump=pump, read=read,
-                inline=None if pump is None else Inline(record.has_room, turn.applied),
-            ) as sub:  # fmt: skip
-                while (delivery := await sub._next_delivery()) is not None:
+            ) as stream:  # fmt: skip
+                if stream.feed is not None:  # the pump may apply a live batch in our stead
+                    stream.feed.inline = partial(deliver_now, stream, record.has_room, turn)
+                while (delivery := await stream.next_delivery()) is not None:
                     bootstraps.done(turn)
                     await record.room()
                     seq, batch = delivery

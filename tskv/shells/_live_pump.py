@@ -17,7 +17,7 @@ or a quiet stream) are each taken as it comes, a wakeup each: a timer pass would
 find nothing, and cost one more.
 
 A watcher's follower that waits on an empty inbox is not woken for its messages: the feed's
-`inline` (`Subscriber._deliver_now`) sequences them and applies their batches in the pump's pass,
+`inline` (`_following.deliver_now`) sequences them and applies their batches in the pump's pass,
 as the follower would have, one task switch less a batch (about a twentieth of a reader's CPU
 at 64 workers); such a pass lets other tasks run every 0.5 ms (`Pacer`). Otherwise each
 socket's messages go to its subscriber's inbox as one `Live` item, never waiting: when the inbox
@@ -92,7 +92,7 @@ class Feed(trio.abc.ReceiveChannel[Inbound]):
         self.kept: list[list[bytes]] | None = None  # taken off the socket, the inbox full
         self.held = False  # out of the epoll set until its subscriber takes an item
         self.failure: Exception | None = None  # why the pump gave this socket up
-        # a watcher's: delivers live messages in the subscriber's stead (`_deliver_now`)
+        # a watcher's: delivers live messages in the follower's stead (`deliver_now`)
         self.inline: Callable[[list[list[bytes]]], bool | None] | None = None
 
     def idle(self) -> bool:
