@@ -21,6 +21,7 @@ from tskv.core.block_keys import root_key
 from tskv.core.codec import decode_batch, encode_batch
 from tskv.core.config import SubscriberConfig
 from tskv.core.events import BlockStored, KVEvent, KVEventBatch
+from tskv.core.journal_index import JournalIndex
 from tskv.core.prefix_index import PrefixIndex, _walk
 from tskv.core.reader_messages import FrameReader, News, Report, frame, news
 from tskv.core.worker_view import WorkerFigures
@@ -484,7 +485,7 @@ def _reader_filing(pure: bool, conn: Connection) -> None:
     codec's figure, not filing's."""
     if pure:
         compiled.core = None  # this child runs the reference, as TSKV_PURE_PYTHON=1 would
-    index = PrefixIndex(BLOCK, record_changes=True)
+    index = JournalIndex(BLOCK)
     workers = WORKERS // 2  # a reader's, of the fleet's two
     makers = [churn_maker("small", FLEET_BLOCKS, worker) for worker in range(workers)]
     for _ in range(-(-FLEET_BLOCKS // blocks_per_round("small"))):  # every cache full

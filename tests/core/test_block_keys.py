@@ -30,8 +30,8 @@ def events() -> list[KVEvent]:
 KEYED_ELSEWHERE = """
 import sys, msgpack
 from tests.core.test_block_keys import events
-from tskv.core.prefix_index import PrefixIndex
-index = PrefixIndex(2, record_changes=True)
+from tskv.core.journal_index import JournalIndex
+index = JournalIndex(2)
 index.apply("w", events())
 sys.stdout.buffer.write(msgpack.packb([index.take_changes("w"), index.seen_strings]))
 """

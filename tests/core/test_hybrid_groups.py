@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import msgpack
 import pytest
@@ -25,6 +26,7 @@ import tskv
 from tests.strategies import examples
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, CacheGroup, KVEvent, decode_batch
 from tskv.core.codec import encode_round
+from tskv.core.journal_index import JournalIndex
 from tskv.core.snapshot import CacheState, SnapshotBuilder
 
 BS = 2  # the index's block size, and every group's smallest
@@ -202,9 +204,8 @@ def test_the_index_answers_what_the_engine_would_reuse(
     mirrors, as the watcher's readers send them (msgpack, and back)."""
     other, prompts_, plan = drawn
     groups = {0: CacheGroup("full_attention", BS), 1: other}
-    index = source = tskv.PrefixIndex(BS, record_changes=mirrored)
-    if mirrored:
-        index = tskv.PrefixIndex(BS)
+    source: Any = JournalIndex(BS) if mirrored else tskv.PrefixIndex(BS)
+    index = tskv.PrefixIndex(BS) if mirrored else source
     if told:  # the chunk of chunked local attention is never on the wire: told, or unknown
         source.set_groups("w", groups)
     elif other.kind == "chunked_local_attention":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from array import array
 from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.strategies import examples
 from tskv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch, MMKey
+from tskv.core.journal_index import JournalIndex
 from tskv.core.prefix_index import PrefixIndex
 
 BS = 2  # tokens a block: small, so random streams share prefixes often
@@ -141,7 +143,8 @@ def test_every_answer_equals_the_brute_force_oracle(
     watcher's reader process sends them (msgpack, and back; "packed": each run's keys in
     bytes, as the index's process keeps them from a report)."""
     mirrored = how != "applied"
-    source, oracle = PrefixIndex(BS, record_changes=mirrored), Oracle()
+    source: Any = JournalIndex(BS) if mirrored else PrefixIndex(BS)
+    oracle = Oracle()
     index = PrefixIndex(BS) if mirrored else source
     for worker, events in stream:
         if events is None:
@@ -327,7 +330,7 @@ def applied_or_mirrored(
     """An index, and how to give it a worker's events: applied, or (`mirrored`) applied by an
     index that records its changes, which this one mirrors as a reader's frames carry them
     ("packed": each run's keys packed in bytes, as the index's process keeps them)."""
-    source = PrefixIndex(BS, record_changes=mirrored)
+    source: Any = JournalIndex(BS) if mirrored else PrefixIndex(BS)
     index = PrefixIndex(BS) if mirrored else source
 
     def apply(worker: str, events: list[KVEvent]) -> None:
@@ -375,14 +378,17 @@ def test_a_run_of_packed_keys_that_is_not_whole_keys_is_refused() -> None:
     assert len(index) == 0
 
 
-def test_an_index_that_records_its_changes_sends_its_queries_to_the_mirror() -> None:
-    """It keeps no holders (its mirror counts them): an answer from it would be empty."""
-    source = PrefixIndex(BS, record_changes=True)
+def test_a_reader_processes_index_keeps_no_holders_and_answers_no_query() -> None:
+    """A JournalIndex keeps its workers' blocks and journals their holds for the index that
+    mirrors them; it has no holders, so it has no query to answer from them."""
+    source = JournalIndex(BS)
     source.apply("w", [BlockStored([1], None, [5, 5], BS)])
-    with pytest.raises(RuntimeError, match=r"record_changes=True.*apply_changes"):
-        source.match([5, 5])
-    with pytest.raises(RuntimeError, match=r"record_changes=True.*apply_changes"):
-        source.predict("w", [5, 5], ttl=1.0)
+    assert len(source) == 0 and source.engine_hashes("w") == {1}
+    assert not hasattr(source, "match") and not hasattr(source, "predict")
+    runs, ops = source.take_changes("w")
+    mirror = PrefixIndex(BS)
+    mirror.apply_changes("w", runs, ops)
+    assert dict(mirror.match([5, 5])) == {"w": 1}
 
 
 def test_blocks_are_counted_by_the_medium_their_events_name() -> None:

@@ -12,6 +12,7 @@ import trio.testing
 import zmq
 
 from tests.zmq_helpers import pairs
+from tskv.core.journal_index import JournalIndex
 from tskv.core.losses import Loss, LossReason
 from tskv.core.prefix_index import PrefixIndex
 from tskv.core.reader_messages import FrameReader, News, Report, news
@@ -55,7 +56,7 @@ async def reader_side() -> AsyncIterator[tuple[zmq.Socket[bytes], Outbox, Sent]]
     outbox as a batch of worker 0 (its figures counting them), as a reader's watcher does:
     (the sending end, the outbox, what it sent)."""
     pump = LivePump(READER_GATHER)
-    outbox = Outbox(PrefixIndex(16, record_changes=True), pump)
+    outbox = Outbox(JournalIndex(16), pump)
     stream = trio.testing.MemorySendStream()
     async with pairs(1) as sockets, trio.open_nursery() as nursery:
         ((sending, receiving),) = sockets
@@ -168,13 +169,13 @@ async def test_a_report_seals_at_its_batch_limit_and_at_a_snapshots_part(
     its holds with it; the holds of all the reports are those the worker took, in order."""
     async with reader_side() as (_, outbox, sent):
         index = PrefixIndex(16)  # the index's process's, mirroring the reports
-        journal = outbox._index
-        journal.apply_changes(7, [])  # the worker's view, as a reader's record makes it
+        journal = outbox._index._holdings  # the reader's index's journal of holds
+        worker = journal.view(7)  # the worker's view, as a reader's record makes it
         for number in range(1, 2 * MERGED_BATCHES + 3):
-            journal.apply_changes(7, [[number]])  # a hold taken a batch, journalled
+            journal.hold(worker, [number])  # a hold taken a batch, journalled
             outbox.noted(7, WorkerFigures(batches=number), batch=True)
             outbox.noted(8, WorkerFigures(batches=number), batch=True)
-        journal.apply_changes(7, [[], [1, 2]])  # a part lets go of two, say
+        journal.release(worker, [1, 2])  # a part lets go of two, say
         await outbox.part_noted(7, WorkerFigures(batches=2 * MERGED_BATCHES + 2))
         await trio.testing.wait_all_tasks_blocked()
         mock_clock.jump(FRAME_DELAY)

@@ -181,9 +181,8 @@ class Filing:
         keys = chain(first_key(event, tier, blocks), found)
         if keys and keys[-1] is None:
             self.orphans += keys.count(None)
-        holders, bit, extra_refs = self.holdings.holders, view.bit, view.extra_refs
-        predicted, journal = self.holdings.predictions.masks, self.holdings.journal
         grouped = event.group_idx is not None
+        taken: list[int] = []  # the holds, taken together (`Holdings.hold`)
         for each, key in zip(block_ids(tier, event.block_hashes), keys, strict=True):
             old = blocks.get(each, ABSENT)
             if old != ABSENT:
@@ -198,20 +197,14 @@ class Filing:
                     if filing and held is not None:
                         self.holdings.hold(view, [held] * filing)
                     continue
+                if taken:  # held before what is let go of, as the event says
+                    self.holdings.hold(view, taken)
+                    taken = []
                 self.holdings.release(view, [old] * (1 + view.copies.pop(each, 0)))
             blocks[each] = key
-            if key is None:
-                continue
-            if journal is not None:  # journalled, in order with what `release` notes
-                self.holdings.hold(view, (key,))
-                continue
-            if predicted and key in predicted:  # the prediction came true
-                self.holdings.predictions.drop(bit, key)
-            mask = holders.get(key, 0)
-            if mask & bit:
-                extra_refs[key] = extra_refs.get(key, 0) + 1
-            else:
-                holders[key] = mask | bit
+            if key is not None:
+                taken.append(key)
+        self.holdings.hold(view, taken)  # the one loop that takes holds: `Holdings.hold`
         return strings
 
     # -- hybrid and tiered workers -------------------------------------------------------
@@ -242,7 +235,7 @@ class Filing:
         hybrid = view.hybrid
         if hybrid is None:
             hybrid = view.hybrid = HybridBlocks(
-                self.holdings.block_size, journal=self.holdings.journal is not None
+                self.holdings.block_size, journal=self.holdings.journals
             )
             hybrid.tiers = plain_tiers(view.blocks, view.copies)
             hybrid.copies, view.copies = view.copies, {}
@@ -287,16 +280,19 @@ class Filing:
         """Let go of a plain worker's blocks `ids`: the compiled map pops them in one call,
         unless it declines (an id that is not plain) or a block has copies."""
         blocks = view.blocks
-        found = None if view.copies or isinstance(blocks, dict) else blocks.pop_many(ids, ABSENT)
-        self.holdings.release(view, taken_out(view, ids) if found is None else found)
+        if view.copies:
+            self.holdings.release(view, taken_out(view, ids))
+            return
+        found = None if isinstance(blocks, dict) else blocks.pop_many(ids, ABSENT)
+        self.holdings.release(
+            view, [blocks.pop(i, ABSENT) for i in ids] if found is None else found
+        )
 
 
 def taken_out(view: WorkerBlocks, ids: Sequence[BlockId]) -> list[Any]:
-    """The keys a plain worker lets go of as its blocks `ids` leave (ABSENT for a block it did
-    not hold); a block with copies beyond the first only has one fewer."""
+    """The keys a plain worker with copies lets go of as its blocks `ids` leave (ABSENT for a
+    block it did not hold); a block with copies beyond the first only has one fewer."""
     blocks, copies = view.blocks, view.copies
-    if not copies:
-        return [blocks.pop(each, ABSENT) for each in ids]
     let_go = []
     for each in ids:
         if copies.get(each):

@@ -3,9 +3,10 @@
 Every block a worker holds is in its view (the engine's hash, with its tier, to its key), and
 each key has a bit mask of the workers holding it; `filing` keeps the two in step as events
 arrive. A worker holding one key in two tiers (or twice in one) holds it until its last copy
-goes. A reader process's holdings keep no holders: they journal every copy taken and let go of,
-and the index's process, which mirrors the journal (`apply_changes`) and looks every key up
-anyway, counts a worker's copies there. A reader then keeps only its workers' block maps.
+goes. A reader process's holdings keep no holders (`Journal`): they journal every copy taken
+and let go of, and the index's process, which mirrors the journal (`Mirror`) and looks every
+key up anyway, counts a worker's copies there. A reader then keeps only its workers' block
+maps.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
-FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
+SHORT_RUN = 8  # keys a dict takes one by one: making a dict of them costs more
 ABSENT = -1  # hash() never returns -1, so no key is ever this
 # an event, and its blocks' `block_keys.contents`; None for a plain event's (no identity), cut
 # from its token ids only as its run is keyed
@@ -173,23 +174,19 @@ def every_copy(view: WorkerBlocks) -> list[int]:
 
 
 class Holdings:
-    """Each worker's view and each key's holders, kept in step."""
+    """Each worker's blocks and bit: what every index keeps. How a worker's holds on keys are
+    kept is a subclass's: `Holders` (the index's own: each key's holders) or `Journal` (a
+    reader process's: sent on to the index that mirrors them, `Mirror`)."""
 
-    def __init__(self, block_size: int, predictions: Predictions, journal: bool = False) -> None:
+    journals = False  # whether holds are journalled (a hybrid worker's are then its ops)
+
+    def __init__(self, block_size: int, predictions: Predictions) -> None:
         self.block_size = block_size
-        # the holders as the compiled table where this process has it (the mirror uses its bulk
-        # operations), else as a dict; none kept where the holds are journalled instead
-        core = None if journal else compiled.core
-        self.table: KeyTable | None = None if core is None else core.KeyTable()
-        self.holders: HolderMap = {} if self.table is None else self.table  # key -> worker mask
         self.views: dict[Worker, WorkerBlocks] = {}
         self.known: tuple[Worker, ...] = ()  # the views' workers, made again when one comes or goes
         self.bits = Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridBlocks
         self.predictions = predictions  # a real block replaces its prediction
-        # bit -> the worker's copies taken and let go of since last asked, in order: runs of
-        # keys, taken, let go of, taken... (a reader process sends them on: `take_changes`)
-        self.journal: dict[int, list[list[int]]] | None = {} if journal else None
         self.matcher: Matcher | None = None  # the index's usual match, told when workers change
 
     def view(self, worker: Worker) -> WorkerBlocks:
@@ -204,19 +201,64 @@ class Holdings:
         if self.matcher is not None:
             self.matcher.set_workers(self.bits.by_position, self.known)
 
+    def __len__(self) -> int:
+        """Distinct keys held by any worker (0 where no holders are kept: a journal)."""
+        return 0
+
     def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
         """The worker holds each key (once more, if it held it already)."""
-        if self.journal is not None:  # for the mirror, which counts the copies
-            if view.hybrid is None and keys:  # a hybrid's are in its ops
-                note_run(self.journal, view.bit, 0, keys)
-            return
+        raise NotImplementedError
+
+    def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
+        """Let go of the worker's hold on each key (None, or ABSENT: it held nothing)."""
+        raise NotImplementedError
+
+    def clear(self, *views: WorkerBlocks) -> None:
+        """Forget what the workers hold."""
+        raise NotImplementedError
+
+    def drop(self, worker: Worker) -> int | None:
+        """Forget `worker` altogether; its bit, if it had one."""
+        view = self.views.pop(worker, None)
+        if view is None:
+            return None
+        self.hybrids.pop(worker, None)
+        self.clear(view)
+        self.bits.give_back(view.bit)
+        self._workers_changed()
+        return view.bit
+
+
+def emptied(view: WorkerBlocks) -> None:
+    """The worker's blocks forgotten, its holds let go of already."""
+    view.blocks.clear()
+    view.copies.clear()
+    if view.hybrid is not None:
+        view.hybrid.clear()
+
+
+class Holders(Holdings):
+    """The index's own holdings: each key's holders (a mask of workers' bits), kept in step with
+    the workers' blocks, here or in a reader process (`Mirror`)."""
+
+    def __init__(self, block_size: int, predictions: Predictions) -> None:
+        super().__init__(block_size, predictions)
+        # the compiled table where this process has it (the mirror uses its bulk operations)
+        core = compiled.core
+        self.table: KeyTable | None = None if core is None else core.KeyTable()
+        self.holders: HolderMap = {} if self.table is None else self.table  # key -> worker mask
+
+    def __len__(self) -> int:
+        return len(self.holders)
+
+    def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
         holders, bit, predicted = self.holders, view.bit, self.predictions.masks
         if predicted and not predicted.keys().isdisjoint(keys):
             for key in keys:
                 if key in predicted:  # the prediction came true
                     self.predictions.drop(bit, key)
         added = None if self.table is None else self.table.add_new(keys, bit)  # in one call
-        if added is None:  # the dict, or a mask past 64 bits
+        if added is None and len(keys) > SHORT_RUN:  # the dict, or a mask past 64 bits
             new = dict.fromkeys(keys, bit)
             added = len(new) == len(keys) and holders.keys().isdisjoint(new)
             if added:
@@ -232,13 +274,6 @@ class Holdings:
                 holders[key] = mask | bit
 
     def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
-        """Let go of the worker's hold on each key (None, or ABSENT: it held nothing)."""
-        if self.journal is not None:
-            if view.hybrid is None:
-                let_go = [key for key in keys if key is not None and key != ABSENT]
-                if let_go:
-                    note_run(self.journal, view.bit, 1, let_go)
-            return
         table = self.table
         if (
             table is not None
@@ -267,68 +302,25 @@ class Holdings:
             else:
                 del holders[key]
 
-    def take_changes(self, view: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
-        """The worker's holds taken and let go of since last asked, as runs, and a hybrid
-        worker's tier changes (`HybridBlocks.take_ops`)."""
-        runs = [] if self.journal is None else self.journal.pop(view.bit, [])
-        return runs, [] if view.hybrid is None else view.hybrid.take_ops()
-
-    def apply_changes(
-        self, worker: Worker, view: WorkerBlocks, runs: Sequence[Sequence[int]], ops: Sequence[Op]
-    ) -> None:
-        """Take and let go of holds as `take_changes` gave them, for a worker whose blocks are
-        kept elsewhere: every copy, counted here as `hold` and `release` count them."""
-        view.mirrored = True
-        table = self.table
-        if (
-            table is not None
-            and view.bit < 1 << 64
-            and not self.predictions.masks
-            and self.journal is None
-        ):  # what `hold` and `release` do, in one compiled loop
-            table.mirror(view.bit, runs, view.extra_refs)
-        else:
-            for number, run in enumerate(runs):
-                if number % 2:
-                    self.release(view, run_keys(run))
-                else:
-                    self.hold(view, run_keys(run))
-        if ops:
-            if view.hybrid is None:
-                view.hybrid = HybridBlocks(self.block_size)
-                self.hybrids[worker] = view
-            if any(op[0] == "begin" for op in ops):  # its tiers count every copy from here
-                view.extra_refs.clear()
-            taken, let_go = view.hybrid.mirror(ops)
-            self.release(view, let_go)
-            self.hold(view, taken)
-
     def clear(self, *views: WorkerBlocks) -> None:
         """Forget what the workers hold. Which keys mirrored workers hold is known elsewhere,
         so for those every key is looked at, once for all of them."""
         mirrored = 0
         for view in views:
             self.predictions.forget(view.bit)
+            view.extra_refs.clear()  # so each distinct key is let go of once, whatever count
             if view.mirrored:
                 mirrored |= view.bit
-                view.extra_refs.clear()
                 if view.hybrid is not None:
                     view.hybrid.tiers.clear()
                 continue
-            if self.journal is None:
-                view.extra_refs.clear()  # so each distinct key is let go of once, whatever count
-                self.release(view, {key for key in view.blocks.values() if key is not None})
-            else:  # every copy: the mirror counts them
-                self.release(view, every_copy(view))
-            view.blocks.clear()
-            view.copies.clear()
-            if view.hybrid is not None:
-                view.hybrid.clear()
+            self.release(view, {key for key in view.blocks.values() if key is not None})
+            emptied(view)
         if not mirrored:
             return
         holders, keep = self.holders, ~mirrored
         if self.table is not None and mirrored < 1 << 64:
-            self.table.clear_bits(mirrored)  # 3.2M keys: 1.4 s in the loop below, 0.05 s
+            self.table.clear_bits(mirrored)  # 3.2M keys: one compiled pass, not a Python loop
             return
         for key in [key for key, mask in holders.items() if mask & mirrored]:
             mask = holders[key] & keep
@@ -337,15 +329,75 @@ class Holdings:
             else:
                 del holders[key]
 
+
+class Journal(Holdings):
+    """A reader process's holdings: no holders, but each worker's copies taken and let go of
+    since last asked, in order (`take_changes`), for the index's process to mirror (`Mirror`),
+    which looks every key up anyway."""
+
+    journals = True
+
+    def __init__(self, block_size: int, predictions: Predictions) -> None:
+        super().__init__(block_size, predictions)
+        # bit -> runs of keys: taken, let go of, taken... (a hybrid worker's are in its ops)
+        self.journal: dict[int, list[list[int]]] = {}
+
+    def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
+        if view.hybrid is None and keys:
+            note_run(self.journal, view.bit, 0, keys)
+
+    def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
+        if view.hybrid is None:
+            let_go = [key for key in keys if key is not None and key != ABSENT]
+            if let_go:
+                note_run(self.journal, view.bit, 1, let_go)
+
+    def clear(self, *views: WorkerBlocks) -> None:
+        """Forget what the workers hold, every copy journalled: the mirror counts them."""
+        for view in views:
+            self.release(view, every_copy(view))
+            emptied(view)
+
     def drop(self, worker: Worker) -> int | None:
-        """Forget `worker` altogether; its bit, if it had one."""
-        view = self.views.pop(worker, None)
-        if view is None:
-            return None
-        self.hybrids.pop(worker, None)
-        self.clear(view)
-        if self.journal is not None:
-            self.journal.pop(view.bit, None)  # whoever asks for its changes has let it go
-        self.bits.give_back(view.bit)
-        self._workers_changed()
-        return view.bit
+        bit = super().drop(worker)
+        if bit is not None:
+            self.journal.pop(bit, None)  # whoever asks for its changes has let it go
+        return bit
+
+    def take_changes(self, view: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
+        """The worker's holds taken and let go of since last asked, as runs, and a hybrid
+        worker's tier changes (`HybridBlocks.take_ops`)."""
+        runs = self.journal.pop(view.bit, [])
+        return runs, [] if view.hybrid is None else view.hybrid.take_ops()
+
+
+class Mirror:
+    """A reader process's journal applied to the index's holders: for a worker whose blocks
+    are kept there, every copy it took and let go of, counted as `Holders` counts its own."""
+
+    def __init__(self, holders: Holders) -> None:
+        self.holders = holders
+
+    def apply(
+        self, worker: Worker, view: WorkerBlocks, runs: Sequence[Sequence[int]], ops: Sequence[Op]
+    ) -> None:
+        holders = self.holders
+        view.mirrored = True
+        table = holders.table
+        if table is not None and view.bit < 1 << 64 and not holders.predictions.masks:
+            table.mirror(view.bit, runs, view.extra_refs)  # hold and release, in one loop
+        else:
+            for number, run in enumerate(runs):
+                if number % 2:
+                    holders.release(view, run_keys(run))
+                else:
+                    holders.hold(view, run_keys(run))
+        if ops:
+            if view.hybrid is None:
+                view.hybrid = HybridBlocks(holders.block_size)
+                holders.hybrids[worker] = view
+            if any(op[0] == "begin" for op in ops):  # its tiers count every copy from here
+                view.extra_refs.clear()
+            taken, let_go = view.hybrid.mirror(ops)
+            holders.release(view, let_go)
+            holders.hold(view, taken)

@@ -23,7 +23,7 @@ import attrs
 from tskv.core import compiled
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.block_keys import PLAIN_ROOT, int_tokens, request_keys, root_key, walk_keys
-from tskv.core.errors import ConfigError, TskvLookupError, TskvRuntimeError, TskvTypeError
+from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
 from tskv.core.events import (
     KVEvent,
     KVEventBatch,
@@ -31,7 +31,7 @@ from tskv.core.events import (
 )
 from tskv.core.filing import Filing
 from tskv.core.groups import CacheGroup, checked_groups
-from tskv.core.holdings import Bits, HolderMap, Holdings
+from tskv.core.holdings import Bits, HolderMap, Holders, Holdings, Mirror
 from tskv.core.holdings import Worker as Worker  # the index's users name it from here
 from tskv.core.hybrid import Op
 from tskv.core.predictions import MAX_ENTRIES, Predictions
@@ -88,7 +88,7 @@ class Match(dict[Worker, int]):
         return worker, count
 
 
-def _matcher_for(holdings: Holdings) -> Matcher | None:
+def _matcher_for(holdings: Holders) -> Matcher | None:
     """The compiled core's `Matcher` for an index, where this process has the core: a usual
     query (`PrefixIndex.match` decides which are) in one call, which walks, counts and makes
     the `Match` (it refuses a `Match` whose slots are not the ones it fills); it declines
@@ -102,14 +102,14 @@ def _matcher_for(holdings: Holdings) -> Matcher | None:
 
 
 # Where a walk looks a key up: the real holders, and the predicted ones (or None)
-Holders = tuple[HolderMap, dict[int, int] | None]
+Lookup = tuple[HolderMap, dict[int, int] | None]
 # A walk's answer: (depth, the workers holding every block so far) each time those change, the
 # last with none where nobody holds a block; and the request's number of blocks
 Walked = tuple[list[tuple[int, int]], int]
 
 
 def _leading_counts(
-    holders: Holders,
+    holders: Lookup,
     token_ids: Sequence[int | str],
     lora_name: str | None,
     extra_keys: Sequence[Any] | None,
@@ -154,7 +154,7 @@ def counts_of(walked: Walked, bits: Bits) -> dict[Worker, int]:
 
 
 def _walk(
-    holders: Holders,
+    holders: Lookup,
     root: int,
     request: tuple[Sequence[int | str], Sequence[Any] | None, Sequence[Sequence[MMKey]] | None],
     size: int,
@@ -193,7 +193,7 @@ Answer = tuple[int, Bits]
 
 
 def _walked_match(
-    holdings: Holdings, lookaheads: set[int], stale: frozenset[Worker], request: Request
+    holdings: Holders, lookaheads: set[int], stale: frozenset[Worker], request: Request
 ) -> Match:
     """The general path of `PrefixIndex.match`: the walk (one a lookahead size, and each
     hybrid worker's engine answer, where there are such workers), then the walk over the
@@ -219,7 +219,7 @@ def _walked_match(
 
 
 def _engine_answers(
-    holdings: Holdings,
+    holdings: Holders,
     lookaheads: set[int],
     request: Request,
     answer: Answer,
@@ -294,47 +294,33 @@ class IndexStatistics:
     unknown_groups: int = 0  # KV cache groups whose kind (or window) tskv does not know
 
 
-def _answering(holdings: Holdings, method: str) -> None:
-    """Refuse a query to an index that keeps no holders: its answer would be empty."""
-    if holdings.journal is not None:
-        raise TskvRuntimeError(
-            f"PrefixIndex.{method}: this index was made with record_changes=True, so it "
-            "journals its workers' holds for another index and keeps no holders of its own; "
-            f"call {method} on the index that mirrors it (apply_changes)"
+def checked_block_size(block_size: object) -> int:
+    if (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, int)
+        or not 1 <= block_size <= MAX_BLOCK_SIZE
+    ):
+        raise ConfigError(
+            f"block_size = {block_size!r} must be an int from 1 to {MAX_BLOCK_SIZE} (tokens "
+            "a block)"
         )
+    return block_size
 
 
-class PrefixIndex:
-    """A prefix index over many workers' KV event streams."""
+class BlockIndex:
+    """Many workers' blocks as their KV event streams say, and whether each is to be trusted:
+    what every index keeps. `PrefixIndex` answers queries from it; a watcher's reader process
+    keeps a `JournalIndex`, which sends its holds on to the `PrefixIndex` that mirrors them."""
 
-    def __init__(
-        self,
-        block_size: int = 16,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        max_predicted: int = MAX_PREDICTED,
-        record_changes: bool = False,
-    ) -> None:
-        if (
-            isinstance(block_size, bool)
-            or not isinstance(block_size, int)
-            or not 1 <= block_size <= MAX_BLOCK_SIZE
-        ):
-            raise ConfigError(
-                f"block_size = {block_size!r} must be an int from 1 to {MAX_BLOCK_SIZE} (tokens "
-                "a block)"
-            )
-        int_at_least("max_predicted", max_predicted, 0)
-        self.block_size = block_size
-        self._predictions = Predictions(clock, max_predicted)  # their time to live is `clock`'s
-        self._holdings = Holdings(block_size, self._predictions, journal=record_changes)
-        self._filing = Filing(self._holdings)
+    def __init__(self, holdings: Holdings, predictions: Predictions) -> None:
+        self.block_size = holdings.block_size
+        self._predictions = predictions
+        self._holdings = holdings
+        self._filing = Filing(holdings)
         self._views: dict[Worker, WorkerView] = {}  # each worker's trust, `worker_view`
         self._stale: set[Worker] = set()  # the workers whose view is stale, for answers
         self._strings = False  # a string token id was seen: queries' string ones are digested
         self._lookaheads: set[int] = set()  # lookahead sizes some worker's hashes cover
-        matcher = _matcher_for(self._holdings)
-        self._matcher = self._holdings.matcher = matcher  # here: one attribute a query reads
 
     # -- the stream's side ------------------------------------------------------------------
 
@@ -372,35 +358,6 @@ class PrefixIndex:
         worker, one group of full attention, or its events never named one)."""
         view = self._holdings.views.get(worker)
         return {} if view is None or view.hybrid is None else dict(view.hybrid.groups.groups)
-
-    def take_changes(self, worker: Worker) -> tuple[list[list[int]], list[Op]]:
-        """What `worker` came to hold and let go of since last asked, for another process's
-        index to mirror with `apply_changes`: the keys as runs (taken, let go of, taken...),
-        and a hybrid worker's changes by tier (`core/hybrid.py`), every copy of a key. Kept
-        only by an index made with `record_changes=True`, which keeps no holders of its own:
-        its `match` and `predict` raise, naming the index that mirrors it."""
-        view = self._holdings.views.get(worker)
-        return ([], []) if view is None else self._holdings.take_changes(view)
-
-    def apply_changes(
-        self,
-        worker: Worker,
-        runs: Sequence[Sequence[int]],
-        ops: Sequence[Op] = (),
-        *,
-        strings: bool = False,
-        lookahead: int = 0,
-    ) -> None:
-        """Mirror another index's `take_changes` for `worker`, whose blocks that index keeps
-        (a watcher's reader process); a run may also come as bytes, its keys packed 8 bytes
-        each in this machine's order; `strings`: that index has seen string token ids;
-        `lookahead`: the worker's engine hashes that many tokens after each block."""
-        self._strings = self._strings or strings
-        view = self._holdings.view(worker)
-        view.lookahead = lookahead
-        if lookahead:
-            self._lookaheads.add(lookahead)
-        self._holdings.apply_changes(worker, view, runs, ops)
 
     def mark_stale(self, worker: Worker) -> None:
         """The worker's view is incomplete (a loss was reported) until `mark_current` or an
@@ -448,67 +405,6 @@ class PrefixIndex:
         self._views.pop(worker, None)
         self._stale.discard(worker)
 
-    # -- the router's side ------------------------------------------------------------------
-
-    def match(
-        self,
-        token_ids: Sequence[int | str],
-        *,
-        lora_name: str | None = None,
-        extra_keys: Sequence[Any] | None = None,
-        cache_salt: str | None = None,
-        mm_keys: Sequence[Sequence[MMKey]] | None = None,
-    ) -> Match:
-        """For each worker, how many of the request's leading full blocks it holds. The
-        request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
-        must be given as its engine would see it, or its blocks are other blocks."""
-        matcher, holdings = self._matcher, self._holdings  # the compiled core's (`_matcher_for`)
-        # The one place that decides what a usual query is (no per-block identity, no worker
-        # hybrid or hashing with lookahead, no predictions in force): the Matcher reads none of
-        # it, and declines only what it cannot read in C (token ids other than exact ints).
-        general = holdings.hybrids or self._lookaheads or holdings.predictions.masks
-        if matcher and extra_keys is None and mm_keys is None and not general:
-            plain = lora_name is None and cache_salt is None
-            key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
-            answer: Match | None = matcher(key, token_ids, self._stale)
-            if answer is not None:
-                return answer
-        if type(token_ids) is not list and (  # a list, the usual: no check against the ABC
-            isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence)
-        ):
-            raise TskvTypeError(
-                f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
-            )
-        _answering(self._holdings, "match")
-        if self._strings:
-            token_ids, _ = int_tokens(token_ids)
-        request: Request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
-        return _walked_match(self._holdings, self._lookaheads, frozenset(self._stale), request)
-
-    def predict(
-        self,
-        worker: Worker,
-        token_ids: Sequence[int | str],
-        ttl: float,
-        *,
-        lora_name: str | None = None,
-        extra_keys: Sequence[Any] | None = None,
-        cache_salt: str | None = None,
-        mm_keys: Sequence[Sequence[MMKey]] | None = None,
-    ) -> None:
-        """Record that `worker` will soon hold this request's full blocks (it was just routed
-        there): `match` counts them for it, marked in `Match.predicted`, for `ttl` seconds of the
-        index's clock, or until its real BlockStored arrives, a BlockRemoved of them or a cache
-        reset. Blocks it already holds are left as they are."""
-        number_at_least("ttl", ttl, 0, above=True)
-        _answering(self._holdings, "predict")
-        bit, holders = self._holdings.view(worker).bit, self._holdings.holders
-        size = self.block_size
-        count = len(token_ids) // size
-        keys = request_keys(token_ids, size, count, lora_name, cache_salt, extra_keys, mm_keys)
-        fresh = [key for key in keys if key is not None and not holders.get(key, 0) & bit]
-        self._predictions.add(bit, fresh, ttl)
-
     # -- what the index holds ---------------------------------------------------------------
 
     @property
@@ -543,16 +439,16 @@ class PrefixIndex:
         return {} if view is None else view.by_medium()
 
     def __len__(self) -> int:
-        """Distinct blocks (by content) held by any worker (0 in an index made with
-        `record_changes=True`: the index that mirrors it counts them)."""
-        return len(self._holdings.holders)
+        """Distinct blocks (by content) held by any worker (0 in a `JournalIndex`: the index
+        that mirrors it counts them)."""
+        return len(self._holdings)
 
     def statistics(self) -> IndexStatistics:
         return IndexStatistics(
             workers=len(self._holdings.views),
             stale=len(self._stale),
             predicted=len(self._predictions),
-            blocks=len(self._holdings.holders),
+            blocks=len(self._holdings),
             orphans=self._filing.orphans,
             mismatched=self._filing.mismatched,
             unplaced=self._filing.unplaced,
@@ -562,3 +458,103 @@ class PrefixIndex:
                 if view.hybrid is not None
             ),
         )
+
+
+class PrefixIndex(BlockIndex):
+    """A prefix index over many workers' KV event streams: which worker holds the longest
+    prefix of a request."""
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_predicted: int = MAX_PREDICTED,
+    ) -> None:
+        int_at_least("max_predicted", max_predicted, 0)
+        predictions = Predictions(clock, max_predicted)  # their time to live is `clock`'s
+        holdings = Holders(checked_block_size(block_size), predictions)
+        super().__init__(holdings, predictions)
+        self._holders = holdings
+        self._mirror = Mirror(holdings)
+        matcher = _matcher_for(holdings)
+        self._matcher = holdings.matcher = matcher  # here: one attribute a query reads
+
+    def apply_changes(
+        self,
+        worker: Worker,
+        runs: Sequence[Sequence[int]],
+        ops: Sequence[Op] = (),
+        *,
+        strings: bool = False,
+        lookahead: int = 0,
+    ) -> None:
+        """Mirror another index's `take_changes` for `worker`, whose blocks that index keeps
+        (a watcher's reader process); a run may also come as bytes, its keys packed 8 bytes
+        each in this machine's order; `strings`: that index has seen string token ids;
+        `lookahead`: the worker's engine hashes that many tokens after each block."""
+        self._strings = self._strings or strings
+        view = self._holdings.view(worker)
+        view.lookahead = lookahead
+        if lookahead:
+            self._lookaheads.add(lookahead)
+        self._mirror.apply(worker, view, runs, ops)
+
+    # -- the router's side ------------------------------------------------------------------
+
+    def match(
+        self,
+        token_ids: Sequence[int | str],
+        *,
+        lora_name: str | None = None,
+        extra_keys: Sequence[Any] | None = None,
+        cache_salt: str | None = None,
+        mm_keys: Sequence[Sequence[MMKey]] | None = None,
+    ) -> Match:
+        """For each worker, how many of the request's leading full blocks it holds. The
+        request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
+        must be given as its engine would see it, or its blocks are other blocks."""
+        matcher, holdings = self._matcher, self._holdings  # the compiled core's (`_matcher_for`)
+        # The one place that decides what a usual query is (no per-block identity, no worker
+        # hybrid or hashing with lookahead, no predictions in force): the Matcher reads none of
+        # it, and declines only what it cannot read in C (token ids other than exact ints).
+        general = holdings.hybrids or self._lookaheads or holdings.predictions.masks
+        if matcher and extra_keys is None and mm_keys is None and not general:
+            plain = lora_name is None and cache_salt is None
+            key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
+            answer: Match | None = matcher(key, token_ids, self._stale)
+            if answer is not None:
+                return answer
+        if type(token_ids) is not list and (  # a list, the usual: no check against the ABC
+            isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence)
+        ):
+            raise TskvTypeError(
+                f"token_ids = {token_ids!r:.60} must be a sequence of token ids (a list of ints)"
+            )
+        if self._strings:
+            token_ids, _ = int_tokens(token_ids)
+        request: Request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
+        return _walked_match(self._holders, self._lookaheads, frozenset(self._stale), request)
+
+    def predict(
+        self,
+        worker: Worker,
+        token_ids: Sequence[int | str],
+        ttl: float,
+        *,
+        lora_name: str | None = None,
+        extra_keys: Sequence[Any] | None = None,
+        cache_salt: str | None = None,
+        mm_keys: Sequence[Sequence[MMKey]] | None = None,
+    ) -> None:
+        """Record that `worker` will soon hold this request's full blocks (it was just routed
+        there): `match` counts them for it, marked in `Match.predicted`, for `ttl` seconds of the
+        index's clock, or until its real BlockStored arrives, a BlockRemoved of them or a cache
+        reset. Blocks it already holds are left as they are."""
+        number_at_least("ttl", ttl, 0, above=True)
+        bit, holders = self._holdings.view(worker).bit, self._holders.holders
+        size = self.block_size
+        count = len(token_ids) // size
+        keys = request_keys(token_ids, size, count, lora_name, cache_salt, extra_keys, mm_keys)
+        fresh = [key for key in keys if key is not None and not holders.get(key, 0) & bit]
+        self._predictions.add(bit, fresh, ttl)

@@ -23,7 +23,7 @@ from tskv.core.backoff import Backoff
 from tskv.core.config import SubscriberConfig
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss
-from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.prefix_index import BlockIndex, Worker
 from tskv.core.read_batch import ReadBatch, reader
 from tskv.shells._live_pump import LivePump
 from tskv.shells._snapshot_parts import SnapshotParts
@@ -67,7 +67,7 @@ class Bootstraps:
 class Record(Protocol):
     """Where a followed worker's news goes."""
 
-    index: PrefixIndex  # what its batches are filed in
+    index: BlockIndex  # what its batches are filed in
 
     def watching(self, worker: Worker) -> bool: ...
 

@@ -18,7 +18,7 @@ import attrs
 from tskv.core.applied import Applied
 from tskv.core.events import KVEventBatch
 from tskv.core.losses import Loss, LossReason
-from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.prefix_index import BlockIndex, Worker
 from tskv.core.read_batch import ReadBatch
 from tskv.core.worker_view import Changes, WorkerFigures, WorkerView
 from tskv.shells._snapshot_parts import SnapshotParts
@@ -55,7 +55,7 @@ class IndexRecord:
 
     def __init__(
         self,
-        index: PrefixIndex,
+        index: BlockIndex,
         roster: Roster,
         on_loss: Callable[[Worker, Loss], object] | None = None,
         listener: Listener | None = None,

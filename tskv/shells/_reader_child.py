@@ -33,8 +33,9 @@ import trio
 
 from tskv.core.applied import AppliedFigures
 from tskv.core.config import SubscriberConfig
+from tskv.core.journal_index import JournalIndex
 from tskv.core.losses import Loss
-from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.prefix_index import Worker
 from tskv.core.reader_messages import (
     AskHashes,
     Follow,
@@ -93,7 +94,7 @@ class Outbox:
     """The reader's record's listener (`_index_record.Listener`): each worker's new state,
     bounded, sent to the index's process as it can take it."""
 
-    def __init__(self, index: PrefixIndex, pump: LivePump | None = None) -> None:
+    def __init__(self, index: JournalIndex, pump: LivePump | None = None) -> None:
         self._index = index
         self._pump = pump
         if pump is not None:
@@ -258,7 +259,7 @@ class _Forward(logging.Handler):
 
 
 async def _serve(block_size: int, at_once: int, level: int, stdin: int, stdout: int) -> None:
-    index = PrefixIndex(block_size, record_changes=True)
+    index = JournalIndex(block_size)
     pump = LivePump(READER_GATHER) if PUMP_AVAILABLE else None
     outbox = Outbox(index, pump)
     tskv_logger = logging.getLogger("tskv")

@@ -32,7 +32,7 @@ from tskv.core.descriptor import Descriptor, mismatch
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import ConfigError, TskvError, TskvLookupError, TskvTypeError
 from tskv.core.losses import Loss
-from tskv.core.prefix_index import PrefixIndex, Worker
+from tskv.core.prefix_index import BlockIndex, PrefixIndex, Worker
 from tskv.core.reader_messages import Follow
 from tskv.core.worker_view import WorkerFigures
 from tskv.shells._background import background_tasks
@@ -71,7 +71,7 @@ class Watcher(metaclass=NoPublicConstructor):
 
     def __init__(
         self,
-        index: PrefixIndex,
+        index: BlockIndex,
         nursery: trio.Nursery,
         on_loss: Callable[[Worker, Loss], object] | None,
         config: SubscriberConfig,
@@ -87,7 +87,11 @@ class Watcher(metaclass=NoPublicConstructor):
         self._context = context
         self._roster: Roster = {}
         self._record = IndexRecord(index, self._roster, on_loss, listener)
-        self._mirror = ReaderMirror(index, self._roster, on_loss)
+        # reader processes' reports, mirrored into the router's index (a reader's own watcher
+        # keeps a JournalIndex, which mirrors nothing)
+        self._mirror = (
+            ReaderMirror(index, self._roster, on_loss) if isinstance(index, PrefixIndex) else None
+        )
         self._readers: list[Reader] = []  # none: each worker is followed by a task here
         self._slots = 0  # how a reader process names a worker: its `add`'s number
         self._bootstraps = Bootstraps(snapshots_at_once)
@@ -124,7 +128,8 @@ class Watcher(metaclass=NoPublicConstructor):
         self._roster[worker] = watched
         self.index.carry_out(worker, self.index.worker_view(worker).watched())
         if self._readers:
-            self.index.apply_changes(worker, [])  # its blocks are kept by a reader
+            assert self._mirror is not None  # `watch` gives readers only to a PrefixIndex
+            self._mirror.index.apply_changes(worker, [])  # its blocks are kept by a reader
             reader = min(self._readers, key=lambda reader: len(reader.wanted))
             settings = attrs.asdict(config)
             del settings["start_seq"]  # the reader's watcher sets it as this one does
@@ -145,7 +150,8 @@ class Watcher(metaclass=NoPublicConstructor):
         watched.changed.unpark_all()  # its waiters learn it is gone
         for reader in self._readers:
             reader.remove(watched.slot)
-        self._mirror.forget(worker)
+        if self._mirror is not None:
+            self._mirror.forget(worker)
         self.index.remove_worker(worker)
 
     def status(self, worker: Worker) -> WorkerStatus:
@@ -190,7 +196,9 @@ class Watcher(metaclass=NoPublicConstructor):
         """How many blocks `worker` holds in each storage medium (None: the event named
         none), as the index or, with reader processes, its reader says."""
         held = self.index.blocks_by_medium(worker)
-        return self._mirror.blocks.get(worker, {}) if held is None else held
+        if held is None and self._mirror is not None:
+            return self._mirror.blocks.get(worker, {})
+        return {} if held is None else held
 
     @property
     def workers(self) -> list[Worker]:
@@ -381,7 +389,7 @@ async def open_watcher(
 
 @asynccontextmanager
 async def watch(
-    index: PrefixIndex,
+    index: BlockIndex,
     config: SubscriberConfig,
     on_loss: Callable[[Worker, Loss], object] | None = None,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
@@ -399,7 +407,13 @@ async def watch(
         watcher = Watcher._create(
             index, nursery, on_loss, config, context, snapshots_at_once, listener, on_status
         )
+        if processes and watcher._mirror is None:
+            raise ConfigError(
+                f"processes = {processes}: reader processes report to a PrefixIndex, not a "
+                f"{type(index).__name__}"
+            )
         for _ in range(processes):
+            assert watcher._mirror is not None
             reader = Reader(watcher._mirror, index.block_size, snapshots_at_once)
             await nursery.start(reader.run)
             watcher._readers.append(reader)
