@@ -216,5 +216,30 @@ class CrashLoop(RuleBasedStateMachine):
         assert not missing, f"generation {final.index}'s batches {sorted(missing)} lost silently"
 
 
+def test_a_restart_found_while_the_connection_is_down_is_not_undone_on_reconnect() -> None:
+    """Hypothesis's find, replayed: a batch delivered, the connection drops, a killed
+    generation's batch (seq 0 again) arrives and starts a new sequence, then the connection
+    comes back. The probe on reconnect compared replay with the batch delivered before the
+    drop, which matched the publisher up now, so the new sequence's first batch (the dead
+    generation's) stayed in the view as the live one's."""
+    loop = CrashLoop()
+    loop.start(says_epoch=False)
+    loop.publish(reaches=True)  # generation 0's batch 0, on its way
+    for _ in range(4):
+        loop.kill_and_restart()
+    loop.publish(reaches=True)  # generation 4's batch 0, on its way too
+    while loop.connection:
+        loop.connection_news()
+    loop.kill_and_restart()  # generation 5
+    loop.publish(reaches=False)
+    loop.replay_answers(whole=False)  # generation 5's batch 0, delivered
+    loop.connection_news()  # down
+    loop.live_arrives()  # generation 0's: seq 0, already delivered
+    loop.live_arrives()  # generation 4's: a restart, and delivered as seq 0
+    loop.connection_news()  # up: the probe
+    loop.quiet()
+    loop.teardown()  # raised: "batch 0 of generation 4 delivered as generation 5's"
+
+
 CrashLoop.TestCase.settings = settings(max_examples=2000, stateful_step_count=50, deadline=None)
 TestCrashLoops = CrashLoop.TestCase

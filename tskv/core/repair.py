@@ -25,6 +25,9 @@ class Repair:
         # the publisher is next heard from (a live batch, an answered probe); until then
         # the quiet stream's probes, one batch each, are all that is sent (`_resync_due`).
         self.resync = False
+        # The last batch delivered before the connection dropped, compared with replay's on
+        # reconnect; a new sequence begun meanwhile (a restart reported) makes it no longer ours.
+        self._before_drop: Delivered | None = None
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -70,6 +73,7 @@ class Repair:
     def _restart(self, seq: int, payload: bytes) -> list[Action]:
         """A seq at or below one already seen: a new publisher, whose sequence began at 0."""
         actions: list[Action] = []
+        self._before_drop = None
         self._flush_old_generation(actions)
         if not self.order.restarted(seq, payload, actions):
             # Delivered as the new sequence's first: replay, answered by the publisher up now,
@@ -110,6 +114,7 @@ class Repair:
         sequence has already passed ours. It is fetched from its start, and the rest of this
         reply describes it too."""
         actions: list[Action] = []
+        self._before_drop = None
         self.order.replaced(actions)
         actions.append(self._from_start())
         return actions

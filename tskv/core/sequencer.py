@@ -40,7 +40,6 @@ from tskv.core.actions import (
 from tskv.core.delivery import (
     MAX_SNAPSHOT_BYTES,
     Asking,
-    Delivered,
     Order,
     Replaying,
     Snapshotting,
@@ -81,7 +80,6 @@ class Sequencer(Repair):
         self._start_from_snapshot = start_seq == "snapshot"
         self.silent = False  # a probe went unanswered, and nothing has been heard since
         self.epoch: int | None = None  # the publisher's incarnation, when it says it (tskv's)
-        self._before_drop: Delivered | None = None  # the last batch before the connection dropped
 
     def start(self) -> list[Action]:
         """Before any message. Returns the bootstrap request when a start seq was given (a
