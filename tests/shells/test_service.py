@@ -25,7 +25,6 @@ pytest.importorskip(
     "hypercorn", reason="tskv serve's extra is not installed (pip install '.[serve]')"
 )
 
-from tskv.core.errors import ConfigError
 from tskv.core.indexer_api import OPENAPI
 from tskv.shells.service import ServiceSettings, serve
 
@@ -499,6 +498,32 @@ async def test_workers_followed_in_a_reader_process_answer_as_in_the_service_s_o
     assert answered["scores"] == {"1": {"0": 8}}
 
 
-def test_dynamo_hashes_with_reader_processes_is_refused_naming_both() -> None:
-    with pytest.raises(ConfigError, match=r"--dynamo-hashes.*--processes 2"):
-        ServiceSettings(dynamo_hashes=True, processes=2)
+async def test_dynamo_hashes_are_answered_alike_with_reader_processes() -> None:
+    """`--dynamo-hashes` with `--processes 1`: the reader process keeps the hashes and answers
+    /query_by_hash and /dump for its workers as the service's own process does."""
+    pytest.importorskip("xxhash", reason="the serve extra is not installed")
+    from tskv.core.dynamo_hashes import tokens_hash
+
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    tokens = list(range(100, 112))
+    async with (
+        tskv.open_publisher(config) as publisher,
+        service(dynamo_hashes=True) as here,
+        service(dynamo_hashes=True, processes=1) as readers,
+    ):
+        await publisher.publish([tskv.BlockStored([1, 2, 3], None, tokens, 4)])
+        for base in (here, readers):
+            assert (await ask(base, "/register", registration(publisher)))[0] == 201
+        hashes = [tokens_hash(tokens[n : n + 4]) for n in (0, 4, 8)]
+        query = {"block_hashes": [h - (1 << 64) if h >= 1 << 63 else h for h in hashes]}
+        asked = {**query, "model_name": "m"}
+        with trio.fail_after(20):
+            for base in (here, readers):
+                while (await ask(base, "/query_by_hash", asked))[1]["scores"] != {"1": {"0": 12}}:  # noqa: ASYNC110
+                    await trio.sleep(0.05)  # a batch applied has no signal over HTTP
+        assert await ask(here, "/dump") == await ask(readers, "/dump")
+        _, dumped = await ask(readers, "/dump")
+        assert [
+            e["event"]["data"]["stored"]["blocks"][0]["block_hash"]
+            for e in dumped["m:default"]["events"]
+        ] == [1, 2, 3]

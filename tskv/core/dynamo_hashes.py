@@ -21,9 +21,7 @@ from typing import Any
 
 from tskv.core.block_keys import blocks_of
 from tskv.core.errors import TskvImportError
-from tskv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
-from tskv.core.prefix_index import PrefixIndex
-from tskv.core.read_batch import ReadBatch
+from tskv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 _xxh3: Callable[..., int] | None
 try:
@@ -38,6 +36,7 @@ U64 = (1 << 64) - 1
 _ROOT = hash(("tskv-dynamo-root",))  # the node a chain of block hashes hangs from
 DEVICE, HOST, DISK = "device", "host_pinned", "disk"  # Dynamo's storage tiers
 Worker = Any
+Store = tuple[str, "int | None", int, int]  # (tier, parent engine hash, engine hash, tokens hash)
 
 
 def tier_of(medium: str | None) -> str:
@@ -73,7 +72,8 @@ class DynamoHashes:
         self._blocks: dict[Worker, dict[tuple[int, str], tuple[int, int | None, int, int]]] = {}
         # node -> worker -> [copies on the device, copies below it]
         self._holders: dict[int, dict[Worker, list[int]]] = {}
-        self.left_out = 0  # blocks whose Dynamo hash is not known here (module docstring)
+        # each worker's blocks whose Dynamo hash is not known here (the module's docstring)
+        self._left_out: dict[Worker, int] = {}
 
     def apply(self, worker: Worker, events: Iterable[KVEvent]) -> None:
         for event in events:
@@ -88,13 +88,13 @@ class DynamoHashes:
         held = self._blocks.setdefault(worker, {})
         count = len(event.block_hashes)
         if not _plain(event) or event.block_size != self.block_size:
-            self.left_out += count
+            self._leave_out(worker, count)
             return
         parent, node, depth = event.parent_block_hash, _ROOT, 0
         if parent is not None:
             found = _node_of(held, parent)
             if found is None:  # Dynamo skips a store whose parent it does not hold
-                self.left_out += count
+                self._leave_out(worker, count)
                 return
             node, depth = found
         tier = tier_of(event.medium)
@@ -103,7 +103,7 @@ class DynamoHashes:
             zip(event.block_hashes, blocks, strict=False)
         ):
             if type(engine_hash) is not int or not 0 <= engine_hash <= U64:
-                self.left_out += count - filed
+                self._leave_out(worker, count - filed)
                 return
             local = tokens_hash(tokens)
             node, depth = hash((node, local)), depth + 1
@@ -112,7 +112,16 @@ class DynamoHashes:
             held[engine_hash, tier] = (node, parent, local, depth)
             self._holders.setdefault(node, {}).setdefault(worker, [0, 0])[tier != DEVICE] += 1
             parent = engine_hash
-        self.left_out += count - len(blocks)
+        self._leave_out(worker, count - len(blocks))
+
+    def _leave_out(self, worker: Worker, count: int) -> None:
+        if count:
+            self._left_out[worker] = self._left_out.get(worker, 0) + count
+
+    @property
+    def left_out(self) -> int:
+        """Blocks whose Dynamo hash is not known here, of every worker."""
+        return sum(self._left_out.values())
 
     def _remove(self, worker: Worker, ids: Iterable[tuple[int, str]]) -> None:
         held = self._blocks.get(worker, {})
@@ -135,51 +144,33 @@ class DynamoHashes:
     def drop(self, worker: Worker) -> None:
         self.clear(worker)
         self._blocks.pop(worker, None)
+        self._left_out.pop(worker, None)
 
     def match(self, hashes: Sequence[int]) -> tuple[dict[Worker, int], dict[Worker, int]]:
         """How many of the prefix's leading blocks each worker holds in any tier, and how many
         of those are past its leading run on the device (the `lower` of tskv's `Match`)."""
-        total: dict[Worker, int] = {}
-        device: dict[Worker, int] = {}
-        alive: set[Worker] | None = None
-        for depth, node in enumerate(nodes_of(hashes)):
-            holders = self._holders.get(node)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders.keys()
-            if not alive:
-                break
-            for worker in alive:
-                total[worker] = depth + 1
-                if holders[worker][0] and device.get(worker, 0) == depth:
-                    device[worker] = depth + 1
-        return total, {w: n - device.get(w, 0) for w, n in total.items() if n > device.get(w, 0)}
+        first = next(nodes_of(hashes[:1]), None)
+        found = {w: self.held(w, hashes) for w in self._holders.get(first, ())}  # type: ignore[arg-type]
+        return {w: n for w, (n, _) in found.items()}, {w: n for w, (_, n) in found.items() if n}
 
-    def dump(self, worker: Worker, instance: int, rank: int) -> list[dict[str, Any]]:
-        """The worker's blocks as the stores of Dynamo's `/dump` (its tree applies them again),
-        parents first, a block each."""
+    def held(self, worker: Worker, hashes: Sequence[int]) -> tuple[int, int]:
+        """How many of the prefix's leading blocks `worker` holds in any tier, and how many of
+        those are past its leading run on the device."""
+        total = device = 0
+        for depth, node in enumerate(nodes_of(hashes)):
+            copies = self._holders.get(node, {}).get(worker)
+            if not copies:
+                break
+            total = depth + 1
+            if copies[0] and device == depth:
+                device = depth + 1
+        return total, total - device
+
+    def stores(self, worker: Worker) -> list[Store]:
+        """The worker's blocks as stores Dynamo's tree can apply again, parents first: (tier,
+        parent engine hash, engine hash, tokens hash) each."""
         held = sorted(self._blocks.get(worker, {}).items(), key=lambda item: item[1][3])
-        return [
-            {
-                "worker_id": instance,
-                "storage_tier": tier,
-                "residency_domain": "worker",
-                "event": {
-                    "event_id": number,
-                    "data": {
-                        "stored": {
-                            "parent_hash": parent,
-                            "start_position": None,
-                            "blocks": [
-                                {"block_hash": engine, "tokens_hash": local, "mm_extra_info": None}
-                            ],
-                        }
-                    },
-                    "dp_rank": rank,
-                },
-            }
-            for number, ((engine, tier), (_, parent, local, _)) in enumerate(held)
-        ]
+        return [(tier, parent, engine, local) for (engine, tier), (_, parent, local, _) in held]
 
     def workers(self) -> list[Worker]:
         return list(self._blocks)
@@ -205,33 +196,25 @@ def _node_of(
     return None
 
 
-class HashedIndex(PrefixIndex):
-    """A `PrefixIndex` that keeps `DynamoHashes` of its workers too, in step: every batch it
-    applies, every worker it clears or drops. Only an index that applies events itself can keep
-    them (not one that mirrors reader processes)."""
+def answer(ledger: DynamoHashes | None, worker: Worker, hashes: list[int] | None) -> list[Any]:
+    """What `ledger` keeps of `worker`, as plain lists (a reader process sends them as they
+    are): [left out, [store, ...]] when `hashes` is None (`stores`), else [held, past the
+    device's run] for the prefix `hashes` names (`held`); [] where no ledger is kept."""
+    if ledger is None:
+        return []
+    if hashes is None:
+        return [ledger._left_out.get(worker, 0), [list(store) for store in ledger.stores(worker)]]
+    return list(ledger.held(worker, hashes))
 
-    def __init__(self, block_size: int = 16, **options: Any) -> None:
-        super().__init__(block_size, **options)
-        self.hashes = DynamoHashes(block_size)
 
-    def apply(self, worker: Worker, batch: KVEventBatch | ReadBatch | Iterable[KVEvent]) -> None:
-        if isinstance(batch, (KVEventBatch, ReadBatch)):
-            events: Iterable[KVEvent] = batch.events  # a ReadBatch's decoded again: its cost
-        else:
-            events = batch = list(batch)  # read twice
-        super().apply(worker, batch)
-        self.hashes.apply(worker, events)
-
-    def clear_worker(self, worker: Worker) -> None:
-        super().clear_worker(worker)
-        self.hashes.clear(worker)
-
-    def clear_workers(self, workers: Iterable[Worker]) -> None:
-        workers = list(workers)
-        super().clear_workers(workers)
-        for worker in workers:
-            self.hashes.clear(worker)
-
-    def remove_worker(self, worker: Worker) -> None:
-        super().remove_worker(worker)
-        self.hashes.drop(worker)
+def stored_event(instance: int, rank: int, number: int, store: Store | list[Any]) -> dict[str, Any]:
+    """One block as a store event of Dynamo's `/dump`, which its tree applies again."""
+    tier, parent, engine, local = store
+    block = {"block_hash": engine, "tokens_hash": local, "mm_extra_info": None}
+    stored = {"parent_hash": parent, "start_position": None, "blocks": [block]}
+    return {
+        "worker_id": instance,
+        "storage_tier": tier,
+        "residency_domain": "worker",
+        "event": {"event_id": number, "data": {"stored": stored}, "dp_rank": rank},
+    }

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from tskv.core.dynamo_hashes import DynamoHashes, HashedIndex
+from tskv.core.dynamo_hashes import DynamoHashes, stored_event
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import TskvError
 from tskv.core.prefix_index import MAX_BLOCK_SIZE, Match, PrefixIndex
@@ -243,13 +243,13 @@ class ModelIndex:
     @property
     def hashes(self) -> DynamoHashes:
         """Its workers' blocks by Dynamo's hashes; 501 where the service keeps none."""
-        if not isinstance(self.index, HashedIndex):
+        if self.index.dynamo is None:
             raise ApiError(
                 501,
                 "this route takes Dynamo's block hashes, which this service does not keep: "
                 "start it with --dynamo-hashes, or send the token ids to /query",
             )
-        return self.index.hashes
+        return self.index.dynamo
 
     @property
     def block_size(self) -> int:
@@ -266,7 +266,7 @@ class Registry:
     def __init__(self, max_workers: int = MAX_WORKERS, dynamo_hashes: bool = False) -> None:
         self.indexes: dict[IndexKey, ModelIndex] = {}
         self.max_workers = max_workers  # what a client may make the service follow, at most
-        self.index_type = HashedIndex if dynamo_hashes else PrefixIndex  # a new model's
+        self.dynamo_hashes = dynamo_hashes  # each index keeps Dynamo's block hashes too
 
     def state(self) -> dict[str, Any]:
         """What a restarted service needs to follow the same workers: every registration."""
@@ -296,7 +296,10 @@ class Registry:
                 "unregister one first",
             )
         if known is None:
-            model = ModelIndex(registration.index, self.index_type(registration.block_size))
+            model = ModelIndex(
+                registration.index,
+                PrefixIndex(registration.block_size, dynamo_hashes=self.dynamo_hashes),
+            )
         else:
             model = known
             if registration.block_size != model.block_size:
@@ -380,18 +383,22 @@ def answer(match: Match, block_size: int, stale_reasons: Mapping[WorkerKey, str]
     }
 
 
-def dumped(models: Iterable[ModelIndex]) -> dict[str, Any]:
+def dumped(trees: Iterable[tuple[ModelIndex, Mapping[WorkerKey, list[Any]]]]) -> dict[str, Any]:
     """`GET /dump`: each index's workers' blocks as the stores that would build Dynamo's tree
-    again (its peers recover from a dump); under `tskv`, how many blocks were left out because
-    their Dynamo hash is not known (`DynamoHashes.left_out`)."""
-    return {
-        "{}:{}".format(*model.key): {
-            "block_size": model.block_size,
-            "events": [e for w in model.hashes.workers() for e in model.hashes.dump(w, *_key(w))],
-            "tskv": {"left_out": model.hashes.left_out},
-        }
-        for model in models
-    }
+    again (its peers recover from a dump), each worker's as `dynamo_hashes.answer` gives them
+    ([left out, stores]); under `tskv`, how many blocks were left out because their Dynamo hash
+    is not known."""
+    found: dict[str, Any] = {}
+    for model, answers in trees:
+        events = [
+            stored_event(*worker, number, store)
+            for worker, (_, stores) in answers.items()
+            for number, store in enumerate(stores)
+        ]
+        left_out = sum(left for left, _ in answers.values())
+        tree = {"block_size": model.block_size, "events": events, "tskv": {"left_out": left_out}}
+        found["{}:{}".format(*model.key)] = tree
+    return found
 
 
 def listing(

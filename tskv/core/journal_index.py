@@ -20,10 +20,10 @@ from tskv.core.prefix_index import BlockIndex, Worker, checked_block_size
 class JournalIndex(BlockIndex):
     """A reader process's index: every worker's blocks, and a journal of their holds."""
 
-    def __init__(self, block_size: int = 16) -> None:
+    def __init__(self, block_size: int = 16, *, dynamo_hashes: bool = False) -> None:
         predictions = Predictions(time.monotonic, 0)  # none are made here; filing reads them
         journal = Journal(checked_block_size(block_size), predictions)
-        super().__init__(journal, predictions)
+        super().__init__(journal, predictions, dynamo_hashes)
         self._journal = journal
 
     def take_changes(self, worker: Worker) -> tuple[list[list[int]], list[Op]]:

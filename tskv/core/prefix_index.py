@@ -23,6 +23,7 @@ import attrs
 from tskv.core import compiled
 from tskv.core._checks import int_at_least, number_at_least
 from tskv.core.block_keys import PLAIN_ROOT, int_tokens, request_keys, root_key, walk_keys
+from tskv.core.dynamo_hashes import DynamoHashes
 from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
 from tskv.core.events import (
     KVEvent,
@@ -312,8 +313,11 @@ class BlockIndex:
     what every index keeps. `PrefixIndex` answers queries from it; a watcher's reader process
     keeps a `JournalIndex`, which sends its holds on to the `PrefixIndex` that mirrors them."""
 
-    def __init__(self, holdings: Holdings, predictions: Predictions) -> None:
+    def __init__(self, holdings: Holdings, predictions: Predictions, dynamo_hashes: bool) -> None:
         self.block_size = holdings.block_size
+        # Dynamo's block hashes of the blocks, kept beside them where asked for (`tskv serve
+        # --dynamo-hashes`): learned from the same events, cleared and dropped with them
+        self.dynamo = DynamoHashes(holdings.block_size) if dynamo_hashes else None
         self._predictions = predictions
         self._holdings = holdings
         self._filing = Filing(holdings)
@@ -328,6 +332,10 @@ class BlockIndex:
         """Apply one batch of `worker`'s events, in order. An AllBlocksCleared makes the
         worker's view whole again (from there on the index knows its whole cache), unless a
         snapshot is being applied (`worker_view`)."""
+        if self.dynamo is not None:  # the events read twice (a ReadBatch's decoded again)
+            if not isinstance(batch, (KVEventBatch, ReadBatch)):
+                batch = list(batch)
+            self.dynamo.apply(worker, batch if isinstance(batch, list) else batch.events)
         if isinstance(batch, ReadBatch):  # a watcher's: the compiled core read it
             filed = self._filing.apply_read(worker, batch)
         else:
@@ -392,16 +400,23 @@ class BlockIndex:
         view = self._holdings.views.get(worker)
         if view is not None:
             self._holdings.clear(view)
+        if self.dynamo is not None:
+            self.dynamo.clear(worker)
 
     def clear_workers(self, workers: Iterable[Worker]) -> None:
         """`clear_worker` for many at once: for workers whose blocks are kept elsewhere, one
         pass over every key for all of them."""
+        workers = list(workers)
         self._holdings.clear(
             *[self._holdings.views[w] for w in workers if w in self._holdings.views]
         )
+        for worker in workers if self.dynamo is not None else ():
+            self.dynamo.clear(worker)  # type: ignore[union-attr]
 
     def remove_worker(self, worker: Worker) -> None:
         self._holdings.drop(worker)
+        if self.dynamo is not None:
+            self.dynamo.drop(worker)
         self._views.pop(worker, None)
         self._stale.discard(worker)
 
@@ -470,11 +485,12 @@ class PrefixIndex(BlockIndex):
         *,
         clock: Callable[[], float] = time.monotonic,
         max_predicted: int = MAX_PREDICTED,
+        dynamo_hashes: bool = False,
     ) -> None:
         int_at_least("max_predicted", max_predicted, 0)
         predictions = Predictions(clock, max_predicted)  # their time to live is `clock`'s
         holdings = Holders(checked_block_size(block_size), predictions)
-        super().__init__(holdings, predictions)
+        super().__init__(holdings, predictions, dynamo_hashes)
         self._holders = holdings
         self._mirror = Mirror(holdings)
         matcher = _matcher_for(holdings)

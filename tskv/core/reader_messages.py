@@ -68,10 +68,14 @@ class Unfollow:
 
 @attrs.frozen
 class AskHashes:
-    """Which engine hashes the reader's index holds for `slot`; answered by `Hashes`."""
+    """What the reader's index holds for `slot` by hash; answered by `Hashes`: its engine
+    hashes, or (`dynamo`) what it keeps by Dynamo's block hashes, as `dynamo_hashes.answer`
+    gives it for `block_hashes` (None: the worker's stores)."""
 
     question: int
     slot: int
+    dynamo: bool = False
+    block_hashes: list[int] | None = None
 
 
 @attrs.define
@@ -108,10 +112,11 @@ class LogLine:
 
 @attrs.frozen
 class Hashes:
-    """The answer to `AskHashes`: the engine hashes the reader's index holds for that slot."""
+    """The answer to `AskHashes`: the engine hashes the reader's index holds for that slot, or
+    what it keeps of it by Dynamo's block hashes."""
 
     question: int
-    hashes: list[int]
+    hashes: list[Any]
 
 
 @attrs.frozen
@@ -149,7 +154,7 @@ def _plain(message: Command | News | Report | LogLine | Hashes) -> tuple[Any, ..
     if isinstance(message, Unfollow):
         return ("unfollow", message.slot)
     if isinstance(message, AskHashes):
-        return ("ask_hashes", message.question, message.slot)
+        return ("ask_hashes", message.question, message.slot, message.dynamo, message.block_hashes)
     if isinstance(message, Report):
         losses = [_loss_out(loss) for loss in message.losses]
         return (
@@ -249,7 +254,7 @@ def _changes_in(value: Any) -> list[bytes]:
 _SHAPES = {
     "follow": 5,
     "unfollow": 2,
-    "ask_hashes": 3,
+    "ask_hashes": 5,
     "report": 10,
     "log": 4,
     "hashes": 3,
@@ -350,8 +355,11 @@ def _parsed(value: Any) -> Command | News | Report | LogLine | Hashes:
         _check(_int(value[1]), "unfollow's slot", value)
         return Unfollow(value[1])
     if kind == "ask_hashes":
-        _check(_int(value[1]) and _int(value[2]), "ask_hashes' numbers", value)
-        return AskHashes(value[1], value[2])
+        _, question, slot, dynamo, hashes = value
+        _check(_int(question) and _int(slot), "ask_hashes' numbers", value)
+        _check(isinstance(dynamo, bool), "ask_hashes' dynamo flag", value)
+        _check(hashes is None or (type(hashes) is list and all(map(_int, hashes))), "hashes", value)
+        return AskHashes(question, slot, dynamo, hashes)
     if kind == "log":
         _, name, level, text = value
         _check(isinstance(name, str) and _int(level) and isinstance(text, str), "a log", value)

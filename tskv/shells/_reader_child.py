@@ -33,6 +33,7 @@ import trio
 
 from tskv.core.applied import AppliedFigures
 from tskv.core.config import SubscriberConfig
+from tskv.core.dynamo_hashes import answer as dynamo_answer
 from tskv.core.journal_index import JournalIndex
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import Worker
@@ -187,8 +188,11 @@ class Outbox:
         self._has_news.unpark_all()
 
     def answer(self, question: AskHashes) -> None:
-        hashes = list(self._index.engine_hashes(question.slot))
-        self._answers.append(Hashes(question.question, hashes))
+        if question.dynamo:
+            said = dynamo_answer(self._index.dynamo, question.slot, question.block_hashes)
+        else:
+            said = list(self._index.engine_hashes(question.slot))
+        self._answers.append(Hashes(question.question, said))
         self._has_news.unpark_all()
 
     def _pending(self) -> int:
@@ -258,8 +262,10 @@ class _Forward(logging.Handler):
         self._outbox.log(record)
 
 
-async def _serve(block_size: int, at_once: int, level: int, stdin: int, stdout: int) -> None:
-    index = JournalIndex(block_size)
+async def _serve(
+    block_size: int, at_once: int, level: int, dynamo: bool, stdin: int, stdout: int
+) -> None:
+    index = JournalIndex(block_size, dynamo_hashes=dynamo)
     pump = LivePump(READER_GATHER) if PUMP_AVAILABLE else None
     outbox = Outbox(index, pump)
     tskv_logger = logging.getLogger("tskv")
@@ -288,7 +294,7 @@ async def _serve(block_size: int, at_once: int, level: int, stdin: int, stdout: 
 
 
 def main() -> None:
-    block_size, at_once, level = (int(argument) for argument in sys.argv[-3:])
+    block_size, at_once, level, dynamo = (int(argument) for argument in sys.argv[-4:])
     stdin, stdout = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the frames
     sys.stdout = sys.stderr
@@ -297,7 +303,7 @@ def main() -> None:
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
     try:
-        trio.run(_serve, block_size, at_once, level, stdin, stdout)
+        trio.run(_serve, block_size, at_once, level, bool(dynamo), stdin, stdout)
     except BaseException as exc:
         if not only(exc, trio.BrokenResourceError, KeyboardInterrupt):
             raise  # else the index's process is gone

@@ -14,7 +14,7 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -96,7 +96,9 @@ class ReaderCounts:
 class Reader:
     """One reader process, kept running, and the workers it follows."""
 
-    def __init__(self, mirror: Mirror, block_size: int, snapshots_at_once: int) -> None:
+    def __init__(
+        self, mirror: Mirror, block_size: int, snapshots_at_once: int, dynamo_hashes: bool = False
+    ) -> None:
         self._mirror = mirror
         self._command = [
             sys.executable,
@@ -105,6 +107,7 @@ class Reader:
             str(block_size),
             str(snapshots_at_once),
             str(logging.getLogger("tskv").getEffectiveLevel()),
+            str(int(dynamo_hashes)),  # its index keeps Dynamo's block hashes too
         ]
         self.wanted: dict[int, tuple[Worker, Follow]] = {}  # slot -> worker, what it follows
         self._sent: set[int] = set()  # the slots the running process follows
@@ -131,8 +134,12 @@ class Reader:
 
     async def engine_hashes(self, slot: int) -> set[int]:
         """The engine's hashes of the blocks the reader's index holds for `slot`."""
+        return {int(block) for block in await self.ask(AskHashes(0, slot))}
+
+    async def ask(self, question: AskHashes) -> list[Any]:
+        """The reader's answer to `question` (numbered here), with its next frame."""
         self._asked += 1
-        question = AskHashes(self._asked, slot)
+        question = attrs.evolve(question, question=self._asked)
         answer: tuple[trio.Event, AskHashes, list[Hashes]] = (trio.Event(), question, [])
         self._questions[question.question] = answer
         self._changed.unpark_all()
@@ -145,7 +152,7 @@ class Reader:
                 f"reader process {self.pid} ended before it answered; it is started again, "
                 "ask once the worker is current (watcher.wait_for_seq)"
             )
-        return {int(block) for block in answer[2][0].hashes}
+        return answer[2][0].hashes
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the process running; each time it ends, its workers are stale until followed

@@ -42,7 +42,7 @@ from tskv.core.indexer_api import (
     listing,
     selected,
 )
-from tskv.core.prefix_index import Match
+from tskv.core.prefix_index import Match, Worker
 from tskv.core.routing import LoadAwarePolicy
 from tskv.shells._reachability import unreachable_reason
 from tskv.shells.service_metrics import ServiceMetrics
@@ -74,13 +74,6 @@ class ServiceSettings:
     processes: int = 0  # reader processes each index's watcher follows its workers in
     max_workers: int = MAX_WORKERS  # registrations the service takes, at most
     dynamo_hashes: bool = False  # keep Dynamo's block hashes: /query_by_hash and /dump answer
-
-    def __attrs_post_init__(self) -> None:
-        if self.dynamo_hashes and self.processes:
-            raise ConfigError(
-                "--dynamo-hashes needs the events read in the service's own process, and "
-                f"--processes {self.processes} reads them elsewhere: drop one of the two"
-            )
 
 
 class IndexerService:
@@ -185,17 +178,38 @@ class IndexerService:
         self.metrics.queried(time.perf_counter() - began)
         return 200, answer(match, model.block_size, self.stale_reasons(model))
 
-    def query_by_hash(self, body: object) -> Reply:
+    async def query_by_hash(self, body: object) -> Reply:
         query = HashQuery.parse(body)
         model = self.registry.model(query.index)
+        model.hashes  # noqa: B018 - refused (501) where the service keeps none
         began = time.perf_counter()
-        held, lower = model.hashes.match(query.block_hashes)
+        found = await self._dynamo_answers(model, query.block_hashes)
+        held: dict[Worker, int] = {w: said[0] for w, said in found.items() if said[0]}
+        lower: dict[Worker, int] = {w: said[1] for w, said in found.items() if said[1]}
         match = Match(held, model.index.stale, lower=lower, block_size=model.block_size)
         self.metrics.queried(time.perf_counter() - began)
         return 200, answer(match, model.block_size, self.stale_reasons(model))
 
-    def dump(self) -> Reply:
-        return 200, dumped(self.registry.indexes.values())
+    async def dump(self) -> Reply:
+        models = list(self.registry.indexes.values())
+        for model in models:
+            model.hashes  # noqa: B018 - refused (501) where the service keeps none
+        return 200, dumped([(model, await self._dynamo_answers(model, None)) for model in models])
+
+    async def _dynamo_answers(
+        self, model: ModelIndex, hashes: list[int] | None
+    ) -> dict[WorkerKey, list[Any]]:
+        """Each worker's `Watcher.dynamo_hashes` answer, asked of them all at once (a reader
+        process's answer comes with its next frame)."""
+        watcher, found = self._watchers[model.key], {}
+
+        async def ask(worker: WorkerKey) -> None:
+            found[worker] = await watcher.dynamo_hashes(worker, hashes)
+
+        async with trio.open_nursery() as nursery:
+            for worker in list(model.workers):
+                nursery.start_soon(ask, worker)
+        return {worker: said for worker, said in found.items() if said}
 
     def select(self, body: object) -> Reply:
         selection = Selection.parse(body)
@@ -273,8 +287,8 @@ class IndexerApp:
             "/workers": ("GET", self._sync(lambda _: service.workers())),
             "/health": ("GET", self._sync(lambda _: (200, None))),
             "/openapi.json": ("GET", self._sync(lambda _: (200, OPENAPI))),
-            "/query_by_hash": ("POST", self._sync(service.query_by_hash)),
-            "/dump": ("GET", self._sync(lambda _: service.dump())),
+            "/query_by_hash": ("POST", service.query_by_hash),
+            "/dump": ("GET", lambda _: service.dump()),
         }
 
     @staticmethod

@@ -29,11 +29,12 @@ from tskv.core._checks import int_at_least
 from tskv.core.applied import AppliedFigures
 from tskv.core.config import SubscriberConfig
 from tskv.core.descriptor import Descriptor, mismatch
+from tskv.core.dynamo_hashes import answer as dynamo_answer
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import ConfigError, TskvError, TskvLookupError, TskvTypeError
 from tskv.core.losses import Loss
 from tskv.core.prefix_index import BlockIndex, PrefixIndex, Worker
-from tskv.core.reader_messages import Follow
+from tskv.core.reader_messages import AskHashes, Follow
 from tskv.core.worker_view import WorkerFigures
 from tskv.shells._background import background_tasks
 from tskv.shells._constructor import NoPublicConstructor
@@ -297,6 +298,17 @@ class Watcher(metaclass=NoPublicConstructor):
             if watched.on_turn is not None:
                 watched.on_turn()
 
+    async def dynamo_hashes(self, worker: Worker, block_hashes: list[int] | None) -> list[Any]:
+        """What the index keeps of `worker` by Dynamo's block hashes (an index made with
+        `dynamo_hashes=True`), as `tskv.core.dynamo_hashes.answer` gives it: its blocks as
+        stores (`block_hashes` None), or how many of the prefix `block_hashes` names it holds;
+        asked of its reader process when there is one."""
+        watched = self._watched(worker)
+        for reader in self._readers:
+            if watched.slot in reader.wanted:
+                return await reader.ask(AskHashes(0, watched.slot, True, block_hashes))
+        return dynamo_answer(self.index.dynamo, worker, block_hashes)
+
     async def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
         reader process, which keeps them, when there is one)."""
@@ -414,7 +426,8 @@ async def watch(
             )
         for _ in range(processes):
             assert watcher._mirror is not None
-            reader = Reader(watcher._mirror, index.block_size, snapshots_at_once)
+            dynamo = index.dynamo is not None  # its readers keep Dynamo's hashes too
+            reader = Reader(watcher._mirror, index.block_size, snapshots_at_once, dynamo)
             await nursery.start(reader.run)
             watcher._readers.append(reader)
         if not processes and PUMP_AVAILABLE:
