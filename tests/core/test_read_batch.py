@@ -93,9 +93,9 @@ def state(index: BlockIndex) -> Any:
             view.tier,
             view.hybrid is not None,
         )
-        for worker, view in holdings.views.items()
+        for worker, view in holdings.workers.items()
     }
-    stale = {worker: index.worker_view(worker).stale for worker in holdings.views}
+    stale = {worker: index.worker_view(worker).stale for worker in holdings.workers}
     holders = getattr(holdings, "holders", {})  # a JournalIndex keeps none
     return sorted(holders.items()), views, stale, index.statistics()
 

@@ -170,7 +170,7 @@ async def test_a_report_seals_at_its_batch_limit_and_at_a_snapshots_part(
     async with reader_side() as (_, outbox, sent):
         index = PrefixIndex(16)  # the index's process's, mirroring the reports
         journal = outbox._index._holdings  # the reader's index's journal of holds
-        worker = journal.view(7)  # the worker's view, as a reader's record makes it
+        worker = journal.blocks_of(7)  # the worker's view, as a reader's record makes it
         for number in range(1, 2 * MERGED_BATCHES + 3):
             journal.hold(worker, [number])  # a hold taken a batch, journalled
             outbox.noted(7, WorkerFigures(batches=number), batch=True)

@@ -35,8 +35,8 @@ FEW_BLOCKS = 8  # an event this short is stored block by block, not as a run
 
 @attrs.frozen
 class Filed:
-    """What filing a batch came across: a cache reset (the view's trust decides what it
-    means), string token ids, the lookahead the worker's engine hashes with."""
+    """What filing a batch came across: a cache reset (the worker's trust, `WorkerView`,
+    decides what it means), string token ids, the lookahead the worker's engine hashes with."""
 
     cleared: bool
     strings: bool
@@ -75,18 +75,18 @@ class Filing:
         if type(events) is not list and type(events) is not tuple:
             events = list(events)  # a generator, say: a hybrid worker's batch is read twice
         holdings, size = self.holdings, self.holdings.block_size
-        view = holdings.view(worker)
+        worker_blocks = holdings.blocks_of(worker)
         stored: list[Stored] = []  # consecutive BlockStored, stored together
         learned: dict[int, int] | None = None  # a hybrid batch's keys, once needed
         cleared = strings = False
         for event in events:
             if isinstance(event, BlockStored):
-                if view.hybrid is not None or self.needs_hybrid(view, event):
-                    strings = self.store_run(view, stored) or strings
-                    hybrid = self.make_hybrid(worker, view)
+                if worker_blocks.hybrid is not None or needs_hybrid(worker_blocks, event, size):
+                    strings = self.store_run(worker_blocks, stored) or strings
+                    hybrid = self.make_hybrid(worker, worker_blocks)
                     if learned is None:
                         learned = hybrid.learn_batch(events)
-                    strings = self.store_hybrid(view, event, learned) or strings
+                    strings = self.store_hybrid(worker_blocks, event, learned) or strings
                     continue
                 lookahead = event.lookahead_token_ids
                 if event.extra_keys is None and event.mm_keys is None and not lookahead:
@@ -95,80 +95,92 @@ class Filing:
                 count = len(event.block_hashes)
                 idents = identities(event.extra_keys, event.mm_keys, count, lookahead)
                 if lookahead:
-                    view.lookahead = len(lookahead[0])
+                    worker_blocks.lookahead = len(lookahead[0])
                 found, found_strings = contents(event.token_ids, idents, count, size)
                 strings = strings or found_strings
                 stored.append((event, found))
                 continue
-            strings = self.store_run(view, stored) or strings
+            strings = self.store_run(worker_blocks, stored) or strings
             if isinstance(event, BlockRemoved):
-                self.remove(view, event)
+                self.remove(worker_blocks, event)
             elif isinstance(event, AllBlocksCleared):
-                holdings.clear(view)
+                holdings.clear(worker_blocks)
                 cleared = True
             elif not isinstance(event, UnknownEvent):  # an unknown event changes nothing known
                 raise not_an_event("PrefixIndex.apply: event", event)
-        strings = self.store_run(view, stored) or strings
-        return filed(cleared, strings, view.lookahead)
+        strings = self.store_run(worker_blocks, stored) or strings
+        return filed(cleared, strings, worker_blocks.lookahead)
 
     def apply_read(self, worker: Worker, batch: ReadBatch) -> Filed:
         """File a batch the compiled core read (`read_batch`) as `apply` files its events: a
         plain worker's runs keyed from their blocks' content hashes, with no event made. What
-        the steps cannot file alone (a view that is tiered or hybrid, a run not wholly new to
-        the worker) goes through `apply`, from that event on."""
-        view, core, size = self.holdings.view(worker), compiled.core, self.holdings.block_size
+        the steps cannot file alone (a worker whose blocks are tiered or hybrid, a run not
+        wholly new to the worker) goes through `apply`, from that event on."""
+        worker_blocks, core, size = (
+            self.holdings.blocks_of(worker),
+            compiled.core,
+            self.holdings.block_size,
+        )
         assert core is not None  # a ReadBatch is made only where it is
-        if view.hybrid is not None or (view.tier is not None and view.tier != UNTIERED):
+        if worker_blocks.hybrid is not None or (
+            worker_blocks.tier is not None and worker_blocks.tier != UNTIERED
+        ):
             return self.apply(worker, batch.events)
         cleared = False
         for start, kind, steps in runs_of(batch.steps):
             if kind == REMOVED:
-                self.remove_ids(view, steps[0][1])
+                self.remove_ids(worker_blocks, steps[0][1])
             elif kind == CLEARED:
-                self.holdings.clear(view)
+                self.holdings.clear(worker_blocks)
                 cleared = True
             else:
-                view.tier = UNTIERED  # as `needs_hybrid` notes a plain worker's first store
-                made = core.read_run(steps, size, view.blocks, PLAIN_ROOT)
+                worker_blocks.tier = (
+                    UNTIERED  # as `needs_hybrid` notes a plain worker's first store
+                )
+                made = core.read_run(steps, size, worker_blocks.blocks, PLAIN_ROOT)
                 ids, keys, mismatched, orphans = made or ([], [], 0, 0)
-                if made is None or not add_new(view.blocks, ids, keys):  # nothing changed:
+                if made is None or not add_new(worker_blocks.blocks, ids, keys):  # nothing changed:
                     rest = self.apply(worker, batch.events[start:])  # filed from events
                     return filed(cleared or rest.cleared, rest.strings, rest.lookahead)
-                self._hold_new(view, keys, mismatched, orphans)
-        return filed(cleared, False, view.lookahead)
+                self._hold_new(worker_blocks, keys, mismatched, orphans)
+        return filed(cleared, False, worker_blocks.lookahead)
 
-    def _hold_new(self, view: WorkerBlocks, keys: RunKeys, mismatched: int, orphans: int) -> None:
+    def _hold_new(
+        self, worker_blocks: WorkerBlocks, keys: RunKeys, mismatched: int, orphans: int
+    ) -> None:
         """The worker holds a run's keys (`orphans` of them None), its blocks stored in its
-        view already."""
+        `WorkerBlocks` already."""
         self.orphans += orphans
         self.mismatched += mismatched
         held = [key for key in keys if key is not None] if orphans else keys
         if held:  # else nothing to note: a run of orphans
-            self.holdings.hold(view, cast("list[int]", held))
+            self.holdings.hold(worker_blocks, cast("list[int]", held))
 
-    def store_run(self, view: WorkerBlocks, run: list[Stored]) -> bool:
+    def store_run(self, worker_blocks: WorkerBlocks, run: list[Stored]) -> bool:
         """Store consecutive BlockStored events, and empty `run`; whether a token id was a
         string. The usual run (every block new to the worker, each once) costs a few dict
         operations for all of its blocks together; any other is stored one event at a time."""
         if not run:
             return False
         if len(run) == 1 and len(run[0][0].block_hashes) <= FEW_BLOCKS:  # block by block: less
-            strings = self.store(view, *run[0])
+            strings = self.store(worker_blocks, *run[0])
             run.clear()
             return strings
         ids, keys, mismatched, strings = run_keys(
-            run, view.blocks, self.holdings.block_size, self.roots
+            run, worker_blocks.blocks, self.holdings.block_size, self.roots
         )
-        if add_new(view.blocks, ids, keys):
-            self._hold_new(view, keys, mismatched, keys.count(None))
+        if add_new(worker_blocks.blocks, ids, keys):
+            self._hold_new(worker_blocks, keys, mismatched, keys.count(None))
             run.clear()
             return strings
         for stored, found in run:
-            self.store(view, stored, found)
+            self.store(worker_blocks, stored, found)
         run.clear()
         return strings
 
-    def store(self, view: WorkerBlocks, event: BlockStored, found: list[Any] | None) -> bool:
+    def store(
+        self, worker_blocks: WorkerBlocks, event: BlockStored, found: list[Any] | None
+    ) -> bool:
         """Store one event block by block; whether a token id was a string."""
         size = self.holdings.block_size
         if event.block_size != size:
@@ -176,7 +188,7 @@ class Filing:
         strings = False
         if found is None:
             found, strings = contents(event.token_ids, None, len(event.block_hashes), size)
-        blocks = view.blocks
+        blocks = worker_blocks.blocks
         tier = tier_of(event)
         keys = chain(first_key(event, tier, blocks), found)
         if keys and keys[-1] is None:
@@ -186,113 +198,98 @@ class Filing:
         for each, key in zip(block_ids(tier, event.block_hashes), keys, strict=True):
             old = blocks.get(each, ABSENT)
             if old != ABSENT:
-                again = stored_again(old, key, grouped, view.copies.get(each, 0))
+                again = stored_again(old, key, grouped, worker_blocks.copies.get(each, 0))
                 if again is not None:
                     filing, extra = again
                     if extra:
-                        view.copies[each] = extra
+                        worker_blocks.copies[each] = extra
                     if old is None and key is not None:  # its earlier copies are filed now
                         blocks[each] = key
                     held = key if old is None else old
                     if filing and held is not None:
-                        self.holdings.hold(view, [held] * filing)
+                        self.holdings.hold(worker_blocks, [held] * filing)
                     continue
                 if taken:  # held before what is let go of, as the event says
-                    self.holdings.hold(view, taken)
+                    self.holdings.hold(worker_blocks, taken)
                     taken = []
-                self.holdings.release(view, [old] * (1 + view.copies.pop(each, 0)))
+                self.holdings.release(
+                    worker_blocks, [old] * (1 + worker_blocks.copies.pop(each, 0))
+                )
             blocks[each] = key
             if key is not None:
                 taken.append(key)
-        self.holdings.hold(view, taken)  # the one loop that takes holds: `Holdings.hold`
+        self.holdings.hold(worker_blocks, taken)  # the one loop that takes holds: `Holdings.hold`
         return strings
 
     # -- hybrid and tiered workers -------------------------------------------------------
 
-    def needs_hybrid(self, view: WorkerBlocks, event: BlockStored) -> bool:
-        """Whether storing `event` takes more than a plain worker's view: a second tier, a
-        lower tier, a group that is not full attention, or blocks of another size than the
-        index's in a group."""
-        tier = tier_of(event)
-        if view.tier is None:
-            view.tier = tier
-            if event.group_idx is not None:  # its group, learned if the worker turns hybrid
-                view.first = (event.group_idx, group_of(event))
-        elif tier is not view.tier and tier != view.tier:
-            return True
-        medium = tier[0]
-        if medium is not None and not is_device(medium):
-            return True
-        if event.group_idx is None:
-            return False
-        kind = event.kv_cache_spec_kind
-        return event.block_size != self.holdings.block_size or (
-            kind is not None and kind not in FULL_KINDS
-        )
-
-    def make_hybrid(self, worker: Worker, view: WorkerBlocks) -> HybridBlocks:
+    def make_hybrid(self, worker: Worker, worker_blocks: WorkerBlocks) -> HybridBlocks:
         """Give a plain worker its HybridBlocks, from the blocks it holds now."""
-        hybrid = view.hybrid
+        hybrid = worker_blocks.hybrid
         if hybrid is None:
-            hybrid = view.hybrid = HybridBlocks(
+            hybrid = worker_blocks.hybrid = HybridBlocks(
                 self.holdings.block_size, journal=self.holdings.journals
             )
-            hybrid.tiers = plain_tiers(view.blocks, view.copies)
-            hybrid.copies, view.copies = view.copies, {}
+            hybrid.tiers = plain_tiers(worker_blocks.blocks, worker_blocks.copies)
+            hybrid.copies, worker_blocks.copies = worker_blocks.copies, {}
             hybrid.keys = {
                 (each[-1] if isinstance(each, tuple) else each): key
-                for each, key in view.blocks.items()
+                for each, key in worker_blocks.blocks.items()
                 if key is not None
             }
             hybrid.begin()
-            if view.first is not None:
-                hybrid.groups.set(*view.first)
-                view.first = None
-            self.holdings.hybrids[worker] = view
+            if worker_blocks.first is not None:
+                hybrid.groups.set(*worker_blocks.first)
+                worker_blocks.first = None
+            self.holdings.hybrids[worker] = worker_blocks
         return hybrid
 
-    def store_hybrid(self, view: WorkerBlocks, event: BlockStored, learned: dict[int, int]) -> bool:
+    def store_hybrid(
+        self, worker_blocks: WorkerBlocks, event: BlockStored, learned: dict[int, int]
+    ) -> bool:
         """Store one event of a hybrid worker; whether a token id was a string."""
-        assert view.hybrid is not None
+        assert worker_blocks.hybrid is not None
         if event.block_size != self.holdings.block_size and event.group_idx is None:
             self.mismatched += 1  # its tokens cut into other blocks than queries do
-        delta = view.hybrid.store(event, view.blocks, learned)
+        delta = worker_blocks.hybrid.store(event, worker_blocks.blocks, learned)
         self.orphans += delta.orphans
         self.unplaced += delta.unplaced
         # Taken first: an event naming a hash twice can let go of what it took itself.
         if delta.taken:
-            self.holdings.hold(view, delta.taken)
+            self.holdings.hold(worker_blocks, delta.taken)
         if delta.let_go:
-            self.holdings.release(view, delta.let_go)
+            self.holdings.release(worker_blocks, delta.let_go)
         if event.lookahead_token_ids:
-            view.lookahead = len(event.lookahead_token_ids[0])
+            worker_blocks.lookahead = len(event.lookahead_token_ids[0])
         return delta.strings
 
-    def remove(self, view: WorkerBlocks, event: BlockRemoved) -> None:
+    def remove(self, worker_blocks: WorkerBlocks, event: BlockRemoved) -> None:
         """Let go of the worker's blocks the event names in its tier; its copies in other tiers
         stay."""
-        if view.hybrid is not None:
-            self.holdings.release(view, view.hybrid.remove(event, view.blocks))
+        if worker_blocks.hybrid is not None:
+            self.holdings.release(
+                worker_blocks, worker_blocks.hybrid.remove(event, worker_blocks.blocks)
+            )
             return
-        self.remove_ids(view, block_ids(tier_of(event), event.block_hashes))
+        self.remove_ids(worker_blocks, block_ids(tier_of(event), event.block_hashes))
 
-    def remove_ids(self, view: WorkerBlocks, ids: Sequence[BlockId]) -> None:
+    def remove_ids(self, worker_blocks: WorkerBlocks, ids: Sequence[BlockId]) -> None:
         """Let go of a plain worker's blocks `ids`: the compiled map pops them in one call,
         unless it declines (an id that is not plain) or a block has copies."""
-        blocks = view.blocks
-        if view.copies:
-            self.holdings.release(view, taken_out(view, ids))
+        blocks = worker_blocks.blocks
+        if worker_blocks.copies:
+            self.holdings.release(worker_blocks, taken_out(worker_blocks, ids))
             return
         found = None if isinstance(blocks, dict) else blocks.pop_many(ids, ABSENT)
         self.holdings.release(
-            view, [blocks.pop(i, ABSENT) for i in ids] if found is None else found
+            worker_blocks, [blocks.pop(i, ABSENT) for i in ids] if found is None else found
         )
 
 
-def taken_out(view: WorkerBlocks, ids: Sequence[BlockId]) -> list[Any]:
+def taken_out(worker_blocks: WorkerBlocks, ids: Sequence[BlockId]) -> list[Any]:
     """The keys a plain worker with copies lets go of as its blocks `ids` leave (ABSENT for a
     block it did not hold); a block with copies beyond the first only has one fewer."""
-    blocks, copies = view.blocks, view.copies
+    blocks, copies = worker_blocks.blocks, worker_blocks.copies
     let_go = []
     for each in ids:
         if copies.get(each):
@@ -303,6 +300,26 @@ def taken_out(view: WorkerBlocks, ids: Sequence[BlockId]) -> list[Any]:
         else:
             let_go.append(blocks.pop(each, ABSENT))
     return let_go
+
+
+def needs_hybrid(worker_blocks: WorkerBlocks, event: BlockStored, block_size: int) -> bool:
+    """Whether storing `event` takes more than a plain worker's blocks: a second tier, a lower
+    tier, a group that is not full attention, or blocks of another size than the index's
+    (`block_size`) in a group."""
+    tier = tier_of(event)
+    if worker_blocks.tier is None:
+        worker_blocks.tier = tier
+        if event.group_idx is not None:  # its group, learned if the worker turns hybrid
+            worker_blocks.first = (event.group_idx, group_of(event))
+    elif tier is not worker_blocks.tier and tier != worker_blocks.tier:
+        return True
+    medium = tier[0]
+    if medium is not None and not is_device(medium):
+        return True
+    if event.group_idx is None:
+        return False
+    kind = event.kv_cache_spec_kind
+    return event.block_size != block_size or (kind is not None and kind not in FULL_KINDS)
 
 
 def add_new(blocks: BlockKeys, ids: list[BlockId], keys: list[int | None]) -> bool:

@@ -1,8 +1,8 @@
 """What each worker holds, by content key: the index's state, no I/O.
 
-Every block a worker holds is in its view (the engine's hash, with its tier, to its key), and
-each key has a bit mask of the workers holding it; `filing` keeps the two in step as events
-arrive. A worker holding one key in two tiers (or twice in one) holds it until its last copy
+Every block a worker holds is in its `WorkerBlocks` (the engine's hash, with its tier, to its
+key), and each key has a bit mask of the workers holding it; `filing` keeps the two in step as
+events arrive. A worker holding one key in two tiers (or twice in one) holds it until its last copy
 goes. A reader process's holdings keep no holders (`Journal`): they journal every copy taken
 and let go of, and the index's process, which mirrors the journal (`Mirror`) and looks every
 key up anyway, counts a worker's copies there. A reader then keeps only its workers' block
@@ -163,11 +163,11 @@ def run_keys(run: Sequence[int]) -> Sequence[int]:
     return keys
 
 
-def every_copy(view: WorkerBlocks) -> list[int]:
+def every_copy(worker_blocks: WorkerBlocks) -> list[int]:
     """The key of each copy of each block the worker holds."""
-    keys = [key for key in view.blocks.values() if key is not None]
-    for each, extra in view.copies.items():
-        key = view.blocks.get(each)
+    keys = [key for key in worker_blocks.blocks.values() if key is not None]
+    for each, extra in worker_blocks.copies.items():
+        key = worker_blocks.blocks.get(each)
         if key is not None:
             keys.extend([key] * extra)
     return keys
@@ -182,22 +182,22 @@ class Holdings:
 
     def __init__(self, block_size: int, predictions: Predictions) -> None:
         self.block_size = block_size
-        self.views: dict[Worker, WorkerBlocks] = {}
-        self.known: tuple[Worker, ...] = ()  # the views' workers, made again when one comes or goes
+        self.workers: dict[Worker, WorkerBlocks] = {}
+        self.known: tuple[Worker, ...] = ()  # the workers', made again when one comes or goes
         self.bits = Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridBlocks
         self.predictions = predictions  # a real block replaces its prediction
         self.matcher: Matcher | None = None  # the index's usual match, told when workers change
 
-    def view(self, worker: Worker) -> WorkerBlocks:
-        view = self.views.get(worker)
-        if view is None:
-            view = self.views[worker] = WorkerBlocks(self.bits.take(worker))
+    def blocks_of(self, worker: Worker) -> WorkerBlocks:
+        worker_blocks = self.workers.get(worker)
+        if worker_blocks is None:
+            worker_blocks = self.workers[worker] = WorkerBlocks(self.bits.take(worker))
             self._workers_changed()
-        return view
+        return worker_blocks
 
     def _workers_changed(self) -> None:
-        self.known = tuple(self.views)
+        self.known = tuple(self.workers)
         if self.matcher is not None:
             self.matcher.set_workers(self.bits.by_position, self.known)
 
@@ -205,36 +205,36 @@ class Holdings:
         """Distinct keys held by any worker (0 where no holders are kept: a journal)."""
         return 0
 
-    def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
+    def hold(self, worker_blocks: WorkerBlocks, keys: Sequence[int]) -> None:
         """The worker holds each key (once more, if it held it already)."""
         raise NotImplementedError
 
-    def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
+    def release(self, worker_blocks: WorkerBlocks, keys: Iterable[int | None]) -> None:
         """Let go of the worker's hold on each key (None, or ABSENT: it held nothing)."""
         raise NotImplementedError
 
-    def clear(self, *views: WorkerBlocks) -> None:
+    def clear(self, *workers: WorkerBlocks) -> None:
         """Forget what the workers hold."""
         raise NotImplementedError
 
     def drop(self, worker: Worker) -> int | None:
         """Forget `worker` altogether; its bit, if it had one."""
-        view = self.views.pop(worker, None)
-        if view is None:
+        worker_blocks = self.workers.pop(worker, None)
+        if worker_blocks is None:
             return None
         self.hybrids.pop(worker, None)
-        self.clear(view)
-        self.bits.give_back(view.bit)
+        self.clear(worker_blocks)
+        self.bits.give_back(worker_blocks.bit)
         self._workers_changed()
-        return view.bit
+        return worker_blocks.bit
 
 
-def emptied(view: WorkerBlocks) -> None:
+def emptied(worker_blocks: WorkerBlocks) -> None:
     """The worker's blocks forgotten, its holds let go of already."""
-    view.blocks.clear()
-    view.copies.clear()
-    if view.hybrid is not None:
-        view.hybrid.clear()
+    worker_blocks.blocks.clear()
+    worker_blocks.copies.clear()
+    if worker_blocks.hybrid is not None:
+        worker_blocks.hybrid.clear()
 
 
 class Holders(Holdings):
@@ -251,8 +251,8 @@ class Holders(Holdings):
     def __len__(self) -> int:
         return len(self.holders)
 
-    def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
-        holders, bit, predicted = self.holders, view.bit, self.predictions.masks
+    def hold(self, worker_blocks: WorkerBlocks, keys: Sequence[int]) -> None:
+        holders, bit, predicted = self.holders, worker_blocks.bit, self.predictions.masks
         if predicted and not predicted.keys().isdisjoint(keys):
             for key in keys:
                 if key in predicted:  # the prediction came true
@@ -265,7 +265,7 @@ class Holders(Holdings):
                 holders.update(new)
         if added:  # content no worker held: the usual block
             return
-        extra_refs = view.extra_refs
+        extra_refs = worker_blocks.extra_refs
         for key in keys:
             mask = holders.get(key, 0)
             if mask & bit:
@@ -273,23 +273,23 @@ class Holders(Holdings):
             else:
                 holders[key] = mask | bit
 
-    def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
+    def release(self, worker_blocks: WorkerBlocks, keys: Iterable[int | None]) -> None:
         table = self.table
         if (
             table is not None
             and isinstance(keys, list)
-            and not view.extra_refs
+            and not worker_blocks.extra_refs
             and not self.predictions.masks
-            and table.let_go(keys, view.bit) is not None  # None: a mask past 64 bits
+            and table.let_go(keys, worker_blocks.bit) is not None  # None: a mask past 64 bits
         ):
             return  # the usual case, in one call
-        holders, extra, keep = self.holders, view.extra_refs, ~view.bit
+        holders, extra, keep = self.holders, worker_blocks.extra_refs, ~worker_blocks.bit
         predicted = self.predictions.masks
         for key in keys:
             if key is None or key == ABSENT:
                 continue
             if predicted and key in predicted:  # removed: no prediction of it holds either
-                self.predictions.drop(view.bit, key)
+                self.predictions.drop(worker_blocks.bit, key)
             if extra and key in extra:  # another of this worker's blocks still has it
                 if extra[key] > 1:
                     extra[key] -= 1
@@ -302,20 +302,22 @@ class Holders(Holdings):
             else:
                 del holders[key]
 
-    def clear(self, *views: WorkerBlocks) -> None:
+    def clear(self, *workers: WorkerBlocks) -> None:
         """Forget what the workers hold. Which keys mirrored workers hold is known elsewhere,
         so for those every key is looked at, once for all of them."""
         mirrored = 0
-        for view in views:
-            self.predictions.forget(view.bit)
-            view.extra_refs.clear()  # so each distinct key is let go of once, whatever count
-            if view.mirrored:
-                mirrored |= view.bit
-                if view.hybrid is not None:
-                    view.hybrid.tiers.clear()
+        for worker_blocks in workers:
+            self.predictions.forget(worker_blocks.bit)
+            worker_blocks.extra_refs.clear()  # each distinct key let go of once, whatever count
+            if worker_blocks.mirrored:
+                mirrored |= worker_blocks.bit
+                if worker_blocks.hybrid is not None:
+                    worker_blocks.hybrid.tiers.clear()
                 continue
-            self.release(view, {key for key in view.blocks.values() if key is not None})
-            emptied(view)
+            self.release(
+                worker_blocks, {key for key in worker_blocks.blocks.values() if key is not None}
+            )
+            emptied(worker_blocks)
         if not mirrored:
             return
         holders, keep = self.holders, ~mirrored
@@ -342,21 +344,21 @@ class Journal(Holdings):
         # bit -> runs of keys: taken, let go of, taken... (a hybrid worker's are in its ops)
         self.journal: dict[int, list[list[int]]] = {}
 
-    def hold(self, view: WorkerBlocks, keys: Sequence[int]) -> None:
-        if view.hybrid is None and keys:
-            note_run(self.journal, view.bit, 0, keys)
+    def hold(self, worker_blocks: WorkerBlocks, keys: Sequence[int]) -> None:
+        if worker_blocks.hybrid is None and keys:
+            note_run(self.journal, worker_blocks.bit, 0, keys)
 
-    def release(self, view: WorkerBlocks, keys: Iterable[int | None]) -> None:
-        if view.hybrid is None:
+    def release(self, worker_blocks: WorkerBlocks, keys: Iterable[int | None]) -> None:
+        if worker_blocks.hybrid is None:
             let_go = [key for key in keys if key is not None and key != ABSENT]
             if let_go:
-                note_run(self.journal, view.bit, 1, let_go)
+                note_run(self.journal, worker_blocks.bit, 1, let_go)
 
-    def clear(self, *views: WorkerBlocks) -> None:
+    def clear(self, *workers: WorkerBlocks) -> None:
         """Forget what the workers hold, every copy journalled: the mirror counts them."""
-        for view in views:
-            self.release(view, every_copy(view))
-            emptied(view)
+        for worker_blocks in workers:
+            self.release(worker_blocks, every_copy(worker_blocks))
+            emptied(worker_blocks)
 
     def drop(self, worker: Worker) -> int | None:
         bit = super().drop(worker)
@@ -364,11 +366,11 @@ class Journal(Holdings):
             self.journal.pop(bit, None)  # whoever asks for its changes has let it go
         return bit
 
-    def take_changes(self, view: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
+    def take_changes(self, worker_blocks: WorkerBlocks) -> tuple[list[list[int]], list[Op]]:
         """The worker's holds taken and let go of since last asked, as runs, and a hybrid
         worker's tier changes (`HybridBlocks.take_ops`)."""
-        runs = self.journal.pop(view.bit, [])
-        return runs, [] if view.hybrid is None else view.hybrid.take_ops()
+        runs = self.journal.pop(worker_blocks.bit, [])
+        return runs, [] if worker_blocks.hybrid is None else worker_blocks.hybrid.take_ops()
 
 
 class Mirror:
@@ -379,25 +381,31 @@ class Mirror:
         self.holders = holders
 
     def apply(
-        self, worker: Worker, view: WorkerBlocks, runs: Sequence[Sequence[int]], ops: Sequence[Op]
+        self,
+        worker: Worker,
+        worker_blocks: WorkerBlocks,
+        runs: Sequence[Sequence[int]],
+        ops: Sequence[Op],
     ) -> None:
         holders = self.holders
-        view.mirrored = True
+        worker_blocks.mirrored = True
         table = holders.table
-        if table is not None and view.bit < 1 << 64 and not holders.predictions.masks:
-            table.mirror(view.bit, runs, view.extra_refs)  # hold and release, in one loop
+        if table is not None and worker_blocks.bit < 1 << 64 and not holders.predictions.masks:
+            table.mirror(
+                worker_blocks.bit, runs, worker_blocks.extra_refs
+            )  # hold and release, in one loop
         else:
             for number, run in enumerate(runs):
                 if number % 2:
-                    holders.release(view, run_keys(run))
+                    holders.release(worker_blocks, run_keys(run))
                 else:
-                    holders.hold(view, run_keys(run))
+                    holders.hold(worker_blocks, run_keys(run))
         if ops:
-            if view.hybrid is None:
-                view.hybrid = HybridBlocks(holders.block_size)
-                holders.hybrids[worker] = view
+            if worker_blocks.hybrid is None:
+                worker_blocks.hybrid = HybridBlocks(holders.block_size)
+                holders.hybrids[worker] = worker_blocks
             if any(op[0] == "begin" for op in ops):  # its tiers count every copy from here
-                view.extra_refs.clear()
-            taken, let_go = view.hybrid.mirror(ops)
-            holders.release(view, let_go)
-            holders.hold(view, taken)
+                worker_blocks.extra_refs.clear()
+            taken, let_go = worker_blocks.hybrid.mirror(ops)
+            holders.release(worker_blocks, let_go)
+            holders.hold(worker_blocks, taken)

@@ -31,5 +31,5 @@ class JournalIndex(BlockIndex):
         to mirror with `PrefixIndex.apply_changes`: the keys as runs (taken, let go of,
         taken...), and a hybrid worker's changes by tier (`core/hybrid.py`), every copy of a
         key."""
-        view = self._holdings.views.get(worker)
-        return ([], []) if view is None else self._journal.take_changes(view)
+        worker_blocks = self._holdings.workers.get(worker)
+        return ([], []) if worker_blocks is None else self._journal.take_changes(worker_blocks)

@@ -241,16 +241,16 @@ def _engine_answers(
         for worker, count in walked.items():
             counts[worker] = max(count, counts.get(worker, 0))
     lower: dict[Worker, int] = {}
-    for worker, view in holdings.hybrids.items():
-        hybrid = view.hybrid
+    for worker, worker_blocks in holdings.hybrids.items():
+        hybrid = worker_blocks.hybrid
         assert hybrid is not None
-        longest = max(0, (len(token_ids) - view.lookahead) // size)
+        longest = max(0, (len(token_ids) - worker_blocks.lookahead) // size)
         if len(hybrid.groups.rules()) > 1:  # the engine computes a prompt's last token: vLLM's cap
             longest = min(longest, (len(token_ids) - 1) // size)
         reach = min(counts.get(worker, 0), longest) if hybrid.groups.prefix_closed() else longest
-        keys = keys_by.get(view.lookahead, [])
+        keys = keys_by.get(worker_blocks.lookahead, [])
         if len(keys) < reach:
-            keys = _request_keys(request, size, view.lookahead, reach)
+            keys = _request_keys(request, size, worker_blocks.lookahead, reach)
         every, device = hybrid.hit(keys, reach)
         if every:
             counts[worker] = every
@@ -352,20 +352,24 @@ class BlockIndex:
         events do not say their kinds (or not their windows: chunked local attention's chunk
         is never sent). What is told stands; what events say fills in the rest."""
         checked = checked_groups(groups, self.block_size)
-        hybrid = self._filing.make_hybrid(worker, self._holdings.view(worker))
+        hybrid = self._filing.make_hybrid(worker, self._holdings.blocks_of(worker))
         for index, group in checked.items():
             hybrid.groups.set(index, group, told=True)
 
     def lookahead(self, worker: Worker) -> int:
         """How many tokens after each block `worker`'s engine hashes with it (0: none)."""
-        view = self._holdings.views.get(worker)
-        return 0 if view is None else view.lookahead
+        worker_blocks = self._holdings.workers.get(worker)
+        return 0 if worker_blocks is None else worker_blocks.lookahead
 
     def groups(self, worker: Worker) -> dict[int, CacheGroup]:
         """The KV cache groups the index knows `worker` has, learned or told (none: a plain
         worker, one group of full attention, or its events never named one)."""
-        view = self._holdings.views.get(worker)
-        return {} if view is None or view.hybrid is None else dict(view.hybrid.groups.groups)
+        worker_blocks = self._holdings.workers.get(worker)
+        return (
+            {}
+            if worker_blocks is None or worker_blocks.hybrid is None
+            else dict(worker_blocks.hybrid.groups.groups)
+        )
 
     def mark_stale(self, worker: Worker) -> None:
         """The worker's view is incomplete (a loss was reported) until `mark_current` or an
@@ -381,7 +385,7 @@ class BlockIndex:
         what happened and the index carries out what it returns (`carry_out`)."""
         view = self._views.get(worker)
         if view is None:
-            self._holdings.view(worker)  # a worker known only by its trust is known
+            self._holdings.blocks_of(worker)  # a worker known only by its trust is known
             view = self._views[worker] = WorkerView()
         return view
 
@@ -397,9 +401,9 @@ class BlockIndex:
 
     def clear_worker(self, worker: Worker) -> None:
         """Forget what `worker` holds (its engine restarted with an empty cache), keeping it."""
-        view = self._holdings.views.get(worker)
-        if view is not None:
-            self._holdings.clear(view)
+        worker_blocks = self._holdings.workers.get(worker)
+        if worker_blocks is not None:
+            self._holdings.clear(worker_blocks)
         if self.dynamo is not None:
             self.dynamo.clear(worker)
 
@@ -408,7 +412,7 @@ class BlockIndex:
         pass over every key for all of them."""
         workers = list(workers)
         self._holdings.clear(
-            *[self._holdings.views[w] for w in workers if w in self._holdings.views]
+            *[self._holdings.workers[w] for w in workers if w in self._holdings.workers]
         )
         for worker in workers if self.dynamo is not None else ():
             self.dynamo.clear(worker)  # type: ignore[union-attr]
@@ -424,7 +428,7 @@ class BlockIndex:
 
     @property
     def workers(self) -> list[Worker]:
-        return list(self._holdings.views)
+        return list(self._holdings.workers)
 
     @property
     def seen_strings(self) -> bool:
@@ -437,21 +441,21 @@ class BlockIndex:
 
     def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says."""
-        view = self._holdings.views.get(worker)
-        if view is None:
+        worker_blocks = self._holdings.workers.get(worker)
+        if worker_blocks is None:
             return set()
-        if view.mirrored:
+        if worker_blocks.mirrored:
             raise TskvLookupError(
                 f"worker {worker!r}'s blocks are kept by a watcher's reader process; "
                 "ask the watcher: await watcher.engine_hashes(worker)"
             )
-        return {block if isinstance(block, int) else block[-1] for block in view.blocks}
+        return {block if isinstance(block, int) else block[-1] for block in worker_blocks.blocks}
 
     def blocks_by_medium(self, worker: Worker) -> dict[str | None, int] | None:
         """How many blocks `worker` holds in each storage medium (None: the event named none),
         its groups' copies counted apart (None where a reader process keeps them)."""
-        view = self._holdings.views.get(worker)
-        return {} if view is None else view.by_medium()
+        worker_blocks = self._holdings.workers.get(worker)
+        return {} if worker_blocks is None else worker_blocks.by_medium()
 
     def __len__(self) -> int:
         """Distinct blocks (by content) held by any worker (0 in a `JournalIndex`: the index
@@ -460,7 +464,7 @@ class BlockIndex:
 
     def statistics(self) -> IndexStatistics:
         return IndexStatistics(
-            workers=len(self._holdings.views),
+            workers=len(self._holdings.workers),
             stale=len(self._stale),
             predicted=len(self._predictions),
             blocks=len(self._holdings),
@@ -468,9 +472,9 @@ class BlockIndex:
             mismatched=self._filing.mismatched,
             unplaced=self._filing.unplaced,
             unknown_groups=sum(
-                view.hybrid.groups.unknown
-                for view in self._holdings.hybrids.values()
-                if view.hybrid is not None
+                worker_blocks.hybrid.groups.unknown
+                for worker_blocks in self._holdings.hybrids.values()
+                if worker_blocks.hybrid is not None
             ),
         )
 
@@ -510,11 +514,11 @@ class PrefixIndex(BlockIndex):
         each in this machine's order; `strings`: that index has seen string token ids;
         `lookahead`: the worker's engine hashes that many tokens after each block."""
         self._strings = self._strings or strings
-        view = self._holdings.view(worker)
-        view.lookahead = lookahead
+        worker_blocks = self._holdings.blocks_of(worker)
+        worker_blocks.lookahead = lookahead
         if lookahead:
             self._lookaheads.add(lookahead)
-        self._mirror.apply(worker, view, runs, ops)
+        self._mirror.apply(worker, worker_blocks, runs, ops)
 
     # -- the router's side ------------------------------------------------------------------
 
@@ -568,7 +572,7 @@ class PrefixIndex(BlockIndex):
         index's clock, or until its real BlockStored arrives, a BlockRemoved of them or a cache
         reset. Blocks it already holds are left as they are."""
         number_at_least("ttl", ttl, 0, above=True)
-        bit, holders = self._holdings.view(worker).bit, self._holders.holders
+        bit, holders = self._holdings.blocks_of(worker).bit, self._holders.holders
         size = self.block_size
         count = len(token_ids) // size
         keys = request_keys(token_ids, size, count, lora_name, cache_salt, extra_keys, mm_keys)
