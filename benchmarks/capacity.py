@@ -17,9 +17,8 @@ import trio.testing
 import zmq
 
 import tskv
-from benchmarks.processes import child, last_endpoint
+from benchmarks.helpers import child, counting_subscriber, last_endpoint
 from benchmarks.rounds import ROUNDS, SHAPES, Row, msgspec, round_makers
-from benchmarks.router import counting_subscriber
 from tskv.core import frames
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 import tskv
-from benchmarks.processes import fmt
+from benchmarks.helpers import fmt
 from tskv.shells.watcher import QUIET_INTERVAL
 
 CACHED_BLOCKS = 1_000  # what a worker that kept its cache publishes again when it starts

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import trio
 import zmq
 
-from benchmarks.processes import child, kernel_seconds, percentile, rss, zmq_io_seconds
+from benchmarks.helpers import child, kernel_seconds, percentile, rss, zmq_io_seconds
 from benchmarks.rounds import BLOCK, HASH_MASK, SCRAMBLE, blocks_per_round, churn_maker
 from tskv.core.config import KVEventsConfig
 from tskv.core.endpoints import LOOPBACK

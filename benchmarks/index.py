@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from benchmarks.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
-from benchmarks.processes import in_fresh_process, percentile
+from benchmarks.helpers import in_fresh_process, percentile
 from benchmarks.rounds import BLOCK, blocks_per_round, churn_maker
 from tskv.core import compiled
 from tskv.core.block_keys import root_key

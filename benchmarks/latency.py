@@ -12,7 +12,7 @@ import trio.testing
 import zmq
 
 import tskv
-from benchmarks.processes import child, fmt, percentile
+from benchmarks.helpers import child, fmt, percentile
 from benchmarks.rounds import round_makers
 from tskv.core import frames
 from tskv.core.codec import encode_round

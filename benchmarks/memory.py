@@ -11,7 +11,7 @@ import trio
 import trio.testing
 import zmq
 
-from benchmarks.processes import fmt, in_fresh_process, rss
+from benchmarks.helpers import fmt, in_fresh_process, rss
 from benchmarks.rounds import round_makers
 from tskv.core import frames
 from tskv.core.codec import encode_round

@@ -26,7 +26,7 @@ import trio
 
 import tskv.shells._reader_process as reader_process
 from benchmarks.fleet import publish_workers, router_cpu
-from benchmarks.processes import child
+from benchmarks.helpers import child
 from benchmarks.rounds import BLOCK
 from tskv.core.prefix_index import PrefixIndex
 from tskv.shells.watcher import open_watcher

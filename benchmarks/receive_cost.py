@@ -6,8 +6,8 @@ an EVENTS read (a `poll` system call inside libzmq) for each: a reader's cost a 
 change to filing or reporting touches. Back to back, many messages wait on one socket; in the
 pump's shape, SOCKETS sockets each get one message a pass, passes GATHER apart, as a reader
 under load sees them. Loopback TCP, three frames (topic, seq, a PAYLOAD-byte payload) a
-message; CPU of the receiving thread (`time.thread_time`), the median of REPS runs of each
-way, alternated, with the spread.
+message; CPU of the receiving thread (`time.thread_time`), the median of `--reps` runs of
+each way, alternated, with the spread.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from typing import cast
 
 import zmq
 
-from benchmarks.processes import fmt
+from benchmarks.helpers import fmt
 from tskv.shells._trio_zmq import TrioSocket
 
 MESSAGES = 10_000  # back to back
-REPS = 3
 SOCKETS = 64
 ROUNDS = 50  # the pump's shape: a message a socket a round
 SPACING = 0.0003  # seconds between messages (about 3,300 a second, 64 workers at 50 rounds/s)
@@ -34,7 +33,7 @@ EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 def receive_section(out: Callable[[str], None], reps: int) -> None:
-    """One run (`reps` is not used: its figures come from the many messages within it)."""
+    """`reps` runs of each way, alternated: the median, with the spread."""
     out("\n## Taking a live message off a SUB socket (pyzmq, loopback TCP, 3 frames)\n")
     out("| way | back to back, a message | in the pump's shape, a message |")
     out("|---|---|---|")
@@ -45,13 +44,13 @@ def receive_section(out: Callable[[str], None], reps: int) -> None:
     ]
     with zmq.Context() as context:
         runs: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name, _ in ways}
-        for _ in range(REPS):
+        for _ in range(reps):
             for name, drain in ways:
                 runs[name][0].append(_back_to_back(context, drain))
                 runs[name][1].append(_pump_shape(context, drain))
         for name, (apart, shaped) in runs.items():
             out(f"| {name} | {fmt(apart, ' µs', 1e6, 1)} | {fmt(shaped, ' µs', 1e6, 1)} |")
-        alone = [_events_alone(context) for _ in range(REPS)]
+        alone = [_events_alone(context) for _ in range(reps)]
         out(f"| an EVENTS read alone | {fmt(alone, ' µs', 1e6, 1)} | |")
 
 

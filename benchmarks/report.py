@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmarks.capacity import capacity
 from benchmarks.codec_costs import build_encode_costs, decode_costs
-from benchmarks.processes import fmt
+from benchmarks.helpers import fmt
 from benchmarks.rounds import ROUNDS
 from benchmarks.router import subscriber_rates
 

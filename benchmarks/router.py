@@ -11,33 +11,11 @@ import trio.testing
 import zmq
 
 import tskv
-from benchmarks.processes import child, last_endpoint
+from benchmarks.helpers import child, last_endpoint
 from benchmarks.rounds import msgspec, round_makers, tokenspeed_types
 from tskv.core import frames
 from tskv.core.codec import encode_round
 from tskv.core.endpoints import LOOPBACK
-
-
-def counting_subscriber(endpoint: str, count: int, conn: Connection) -> None:
-    """Receive `count` batches (frames only) and report when the first and last arrived."""
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.setsockopt(zmq.RCVTIMEO, 20_000)
-    sock.connect(endpoint)
-    conn.send("connected")
-    received, first, last = 0, 0.0, 0.0
-    try:
-        while received < count:
-            sock.recv_multipart()
-            if received == 0:
-                first = time.monotonic()
-            received += 1
-    except zmq.Again:
-        pass
-    last = time.monotonic()
-    conn.send((received, first, last))
-    sock.close(linger=0)
 
 
 def _stream_publisher(shape: str, count: int, conn: Connection) -> None:

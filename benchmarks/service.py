@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 import tskv
-from benchmarks.processes import percentile
+from benchmarks.helpers import percentile
 
 BLOCK = 16
 PROMPT_BLOCKS = 125  # a 2,000-token prompt

@@ -17,7 +17,7 @@ import zmq
 
 from benchmarks.capacity import trio_capacity
 from benchmarks.codec_costs import per_call
-from benchmarks.processes import fmt, in_fresh_process
+from benchmarks.helpers import fmt, in_fresh_process
 from benchmarks.rounds import (
     ROUNDS,
     SHAPES,

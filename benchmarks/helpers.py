@@ -1,4 +1,6 @@
-"""Child processes (each figure on a fresh interpreter where it matters) and number formatting."""
+"""What every section shares: child processes (each figure on a fresh interpreter where it
+matters), their CPU and memory, a subscriber process that counts batches, percentiles and number
+formatting. Sections import their helpers from here and nowhere else."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import math
 import multiprocessing
 import os
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
@@ -86,3 +89,25 @@ def percentile(values: list[float], share: float) -> float:
     if not ordered:
         return math.nan
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def counting_subscriber(endpoint: str, count: int, conn: Connection) -> None:
+    """Receive `count` batches (frames only) and report when the first and last arrived."""
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVTIMEO, 20_000)
+    sock.connect(endpoint)
+    conn.send("connected")
+    received, first, last = 0, 0.0, 0.0
+    try:
+        while received < count:
+            sock.recv_multipart()
+            if received == 0:
+                first = time.monotonic()
+            received += 1
+    except zmq.Again:
+        pass
+    last = time.monotonic()
+    conn.send((received, first, last))
+    sock.close(linger=0)
