@@ -141,6 +141,20 @@ class Unregistration:
         )
 
 
+def _ints(data: Mapping[str, Any], name: str, bounds: tuple[int, int], said: str) -> list[int]:
+    """`name`'s list of integers within `bounds` (`said` in words); else the 4xx saying why."""
+    values = data.get(name)
+    if not isinstance(values, list):
+        raise ApiError(422, f"{name} must be a list of integers, got {values!r:.40}")
+    if len(values) > MAX_QUERY_TOKENS:
+        raise ApiError(413, f"{len(values)} {name}: at most {MAX_QUERY_TOKENS} a query")
+    low, high = bounds
+    for value in values:
+        if type(value) is not int or not low <= value <= high:
+            raise ApiError(422, f"{name} must be integers from {said}, got {value!r:.40}")
+    return values
+
+
 @attrs.frozen
 class Query:
     """`POST /query`: which workers hold how much of this prompt's prefix."""
@@ -157,18 +171,8 @@ class Query:
     @classmethod
     def parse(cls, body: object) -> Query:
         data = _object(body)
-        tokens = data.get("token_ids")
-        if not isinstance(tokens, list):
-            raise ApiError(422, f"token_ids must be a list of token ids, got {tokens!r:.40}")
-        if len(tokens) > MAX_QUERY_TOKENS:
-            raise ApiError(413, f"{len(tokens)} token ids: at most {MAX_QUERY_TOKENS} a query")
-        for token in tokens:
-            if type(token) is not int or not 0 <= token <= MAX_TOKEN:
-                raise ApiError(
-                    422, f"token_ids must be integers from 0 to 2**32-1, got {token!r:.40}"
-                )
         return cls(
-            tokens,
+            _ints(data, "token_ids", (0, MAX_TOKEN), "0 to 2**32-1"),
             _field(data, "model_name", str),
             _field(data, "routing_group", str, DEFAULT_GROUP),
             _field(data, "lora_name", str, None),
@@ -190,18 +194,8 @@ class HashQuery:
     @classmethod
     def parse(cls, body: object) -> HashQuery:
         data = _object(body)
-        hashes = data.get("block_hashes")
-        if not isinstance(hashes, list):
-            raise ApiError(422, f"block_hashes must be a list of block hashes, got {hashes!r:.40}")
-        if len(hashes) > MAX_QUERY_TOKENS:
-            raise ApiError(413, f"{len(hashes)} block hashes: at most {MAX_QUERY_TOKENS} a query")
-        for each in hashes:
-            if type(each) is not int or not MIN_I64 <= each <= MAX_I64:
-                raise ApiError(
-                    422, f"block_hashes must be integers from -2**63 to 2**63-1, got {each!r:.40}"
-                )
         return cls(
-            hashes,
+            _ints(data, "block_hashes", (MIN_I64, MAX_I64), "-2**63 to 2**63-1"),
             _field(data, "model_name", str),
             _field(data, "routing_group", str, DEFAULT_GROUP),
         )
