@@ -527,3 +527,20 @@ async def test_dynamo_hashes_are_answered_alike_with_reader_processes() -> None:
             e["event"]["data"]["stored"]["blocks"][0]["block_hash"]
             for e in dumped["m:default"]["events"]
         ] == [1, 2, 3]
+
+
+def test_a_zero_given_on_the_command_line_is_kept(tmp_path: Path) -> None:
+    """`--port 0` (any free port) and `--processes 0` are values given, not settings left
+    out for the config file or the default to fill: 0 compared equal to False."""
+    from tskv._cli import build_parser
+    from tskv._cli.serve import settled
+
+    config = tmp_path / "serve.toml"
+    config.write_text("port = 9100\nprocesses = 2\n")
+    args = build_parser().parse_args(
+        ["serve", "--port", "0", "--processes", "0", "--config", str(config)]
+    )
+    settings, _ = settled(args)
+    assert (settings.port, settings.processes) == (0, 0)
+    left_out, _ = settled(build_parser().parse_args(["serve", "--config", str(config)]))
+    assert (left_out.port, left_out.processes) == (9100, 2)

@@ -61,8 +61,9 @@ def weight(value: str) -> float:
 
 def flags_given(args: argparse.Namespace, names: tuple[str, ...]) -> str:
     """The flags among `names` the user gave (as typed: `--cache-tokens`), comma-separated; ""
-    when none was."""
-    given = [name for name in names if getattr(args, name) not in (None, False)]
+    when none was. A flag given as 0 is given (0 == False, but it is no unset switch)."""
+    values = {name: getattr(args, name) for name in names}
+    given = [name for name, value in values.items() if value is not None and value is not False]
     return ", ".join(f"--{name.replace('_', '-')}" for name in given)
 
 

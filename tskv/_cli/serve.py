@@ -147,7 +147,8 @@ def settled(args: argparse.Namespace) -> tuple[argparse.Namespace, list[dict[str
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ValueError(f"--config {args.config}: workers must be [[workers]] tables")
     for name, default in DEFAULTS.items():
-        if getattr(args, name) in (None, False, ""):
+        given = getattr(args, name)  # not given: None, an unset switch, an empty --workers
+        if given is None or given is False or given == "":  # 0 (--port 0) is a value given
             value = file.get(name, default)
             setattr(args, name, Path(value) if name in PATHS and value is not None else value)
     return args, tables
