@@ -46,7 +46,7 @@ PLACES = [
 
 
 def reader_section(out: Callable[[str], None], reps: int) -> None:
-    """One run (`reps` is not used: its figures come from the many batches counted within it)."""
+    """One run whatever `reps` says: callgrind counts the same instructions every run."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         out("\n## A reader process's instructions a batch: skipped, valgrind is not installed")
         return
