@@ -67,6 +67,7 @@ def _later(module: str, name: str) -> Section:
 SECTIONS: dict[str, Section] = {
     "build": _measured("build"),
     "decode": _measured("decode"),
+    "instructions": _later("benchmarks.codec_costs", "instructions_section"),
     "subscriber": _measured("subscriber"),
     "capacity": _measured("capacity"),
     "latency": latency_section,

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import gc
+import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -65,3 +70,66 @@ def decode_costs() -> dict[str, dict[str, float]]:
             row["msgspec typed"] = per_call(partial(tokenspeed_types()[2].decode, payload), n)
         results[shape] = row
     return results
+
+
+# -- instructions, which no other tenant of the machine moves ---------------------------------
+
+CONTENDERS = ("TokenSpeed build", "tskv build", "msgspec typed decode", "tskv decode")
+LOOPS = {"small": 200, "large": 20, "huge": 20}  # a run's rounds; a second run does three times
+
+
+def repeat(shape: str, contender: str, n: int) -> None:
+    """`n` rounds of one contender's work, for callgrind to count: what `build_encode_costs`
+    and `decode_costs` time, new events built every round."""
+    makers = round_makers(shape)
+    gc.disable()
+    if contender == "TokenSpeed build":
+        assert msgspec is not None
+        encode = msgspec.msgpack.Encoder().encode
+        make = next(m for name, m in makers.items() if name.startswith("TokenSpeed"))
+        for _ in range(n):
+            encode(make())
+    elif contender == "tskv build":
+        for _ in range(n):
+            encode_round(time.time(), makers["tskv"](), 0, strict=False)
+    else:
+        payload = encode_round(time.time(), makers["tskv"](), 0)
+        assert payload is not None
+        decode = tskv.decode_batch if contender == "tskv decode" else tokenspeed_types()[2].decode
+        for _ in range(n):
+            decode(payload)
+
+
+def _instructions(shape: str, contender: str, n: int) -> int:
+    """What a run of `n` rounds costs, start-up included (callgrind's total)."""
+    code = f"from benchmarks.codec_costs import repeat; repeat({shape!r}, {contender!r}, {n})"
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
+    )  # fmt: skip
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    assert found is not None, done.stderr[-500:]
+    return int(found.group(1))
+
+
+def instructions_section(out: Callable[[str], None], reps: int) -> None:
+    """Instructions a round (callgrind; one run whatever `reps` says: its counts repeat): two
+    runs of different lengths differenced, so start-up cancels out."""
+    if shutil.which("valgrind") is None or msgspec is None:
+        out("\n## Instructions a round: skipped, valgrind or msgspec is not installed")
+        return
+    out("\n## Instructions a round (callgrind), tskv ÷ TokenSpeed's msgspec Structs\n")
+    out("| shape | build + encode, TokenSpeed / tskv | ratio | decode, msgspec / tskv | ratio |")
+    out("|---|---|---|---|---|")
+    for shape in SHAPES:
+        n = LOOPS[shape]
+        count = {
+            who: (_instructions(shape, who, 3 * n) - _instructions(shape, who, n)) / (2 * n)
+            for who in CONTENDERS
+        }
+        theirs_b, ours_b, theirs_d, ours_d = (count[who] for who in CONTENDERS)
+        out(
+            f"| {shape} | {theirs_b:,.0f} / {ours_b:,.0f} | {ours_b / theirs_b:.2f} | "
+            f"{theirs_d:,.0f} / {ours_d:,.0f} | {ours_d / theirs_d:.2f} |"
+        )
