@@ -27,9 +27,11 @@ def prefix(tokens: list[int]) -> list[int]:
 
 
 def test_a_blocks_hash_is_dynamos() -> None:
-    # made by ai-dynamo-runtime 1.6.1's own compute_block_hash_for_seq([0, 1, 2, 3], 4);
-    # tests/interop/test_service_dropin.py checks more of them against it where it installs
+    # made by ai-dynamo-runtime 1.6.1's own compute_block_hash_for_seq([0, 1, 2, 3], 4), and
+    # with lora_name="lx"; tests/interop/test_service_dropin.py checks more against it
     assert tokens_hash([0, 1, 2, 3]) == 9143094415614847814
+    assert tokens_hash([0, 1, 2, 3], "lx") == 8358943602452934160
+    assert tokens_hash([0, 1, 2, 3], "") == tokens_hash([0, 1, 2, 3])
 
 
 def test_the_hashes_answer_as_the_index_does_through_a_workload() -> None:
@@ -75,14 +77,13 @@ def test_what_dynamo_would_hash_otherwise_is_left_out_and_counted() -> None:
     hashes.apply(
         "w",
         [
-            stored([1], None, tokens[:4], lora_name="adapter"),
             stored([2], None, tokens[:4], cache_salt="tenant"),
             stored([3], 99, tokens[4:]),  # a parent it never saw: Dynamo skips it too
             stored([4], None, [1, 2, 3, -1]),
             BlockStored([5], None, tokens[:8], 8),  # another block size
         ],
     )
-    assert hashes.left_out == 5
+    assert hashes.left_out == 4
     assert hashes.stores("w") == [] and hashes.match(prefix(tokens)) == ({}, {})
 
 
@@ -92,7 +93,7 @@ def test_a_reader_processes_index_keeps_them_and_answers_for_a_worker() -> None:
     reader = JournalIndex(SIZE, dynamo_hashes=True)
     tokens = list(range(8))
     reader.apply("w", [stored([1, 2], None, tokens, medium="GPU"), stored([3], None, tokens[:4])])
-    reader.apply("w", [stored([4], None, tokens[:4], lora_name="adapter")])
+    reader.apply("w", [stored([4], None, tokens[:4], cache_salt="tenant")])
     assert answer(reader.dynamo, "w", prefix(tokens)) == [2, 0]
     left_out, stores = answer(reader.dynamo, "w", None)
     assert left_out == 1 and [store[2] for store in stores] == [1, 3, 2]

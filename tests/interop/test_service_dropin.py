@@ -190,12 +190,12 @@ def without_tskv(reply: Any) -> Any:
 TOKENS = list(range(1000, 1024))  # six blocks of 4
 
 
-def stores(tiers: str) -> list[BlockStored]:
+def stores(tiers: str, lora_name: str | None = None) -> list[BlockStored]:
     """One chain of TOKENS' blocks, a store each, in the tiers given (G: GPU, C: CPU).
     A block's engine hash is the same on every worker, as an engine that hashes its content
     deterministically makes it: Dynamo's tree names a block by the hash of the first worker
     that stored it, and loses the others' blocks where their hashes differ."""
-    first = 500
+    first = 500 if lora_name is None else 700
     media = {"G": "GPU", "C": "CPU"}
     return [
         BlockStored(
@@ -204,6 +204,7 @@ def stores(tiers: str) -> list[BlockStored]:
             token_ids=TOKENS[depth * 4 : depth * 4 + 4],
             block_size=4,
             medium=media[tier],
+            lora_name=lora_name,
         )
         for depth, tier in enumerate(tiers)
     ]
@@ -258,11 +259,14 @@ async def test_tiers_and_dynamos_own_hashes_are_answered_as_dynamo_answers(tmp_p
             with trio.fail_after(30):
                 await publisher.wait_for_subscriber(2)
             await publisher.publish(stores(chains[instance]))
+        await second.publish(stores("GGC", lora_name="adapter"))  # under a LoRA adapter too
         hashes = [signed(h) for h in compute_block_hash_for_seq(TOKENS, 4)]
+        adapted = [signed(h) for h in compute_block_hash_for_seq(TOKENS, 4, lora_name="adapter")]
         asked = [("/query", {"token_ids": TOKENS[:n], "model_name": "m"}) for n in (4, 10, 24)]
         asked += [
             ("/query_by_hash", {"block_hashes": hashes[:n], "model_name": "m"}) for n in (1, 3, 6)
         ]
+        asked += [("/query_by_hash", {"block_hashes": adapted, "model_name": "m"})]
         with trio.move_on_after(30):  # until both have every block
             while [await theirs(*q) for q in asked] != [  # noqa: ASYNC110 - no signal over HTTP
                 without_tskv(await ours(*q)) for q in asked
@@ -270,7 +274,8 @@ async def test_tiers_and_dynamos_own_hashes_are_answered_as_dynamo_answers(tmp_p
                 await trio.sleep(0.2)
         for query in asked:
             assert await theirs(*query) == without_tskv(await ours(*query)), query
-        _, whole = await ours(*asked[-1])
+        assert (await ours(*asked[-1]))[1]["scores"] == {"2": {"0": 8}}  # the adapter's blocks
+        _, whole = await ours("/query_by_hash", {"block_hashes": hashes, "model_name": "m"})
         assert whole["instances"]["1"] == {
             "longest_matched": 24,
             "gpu": 16,
@@ -280,7 +285,7 @@ async def test_tiers_and_dynamos_own_hashes_are_answered_as_dynamo_answers(tmp_p
         }  # the tiers are in the answer: the test can fail
         (_, dynamo_dump), (_, tskv_dump) = await theirs("/dump"), await ours("/dump")
         assert dump_blocks(tskv_dump) == dump_blocks(dynamo_dump)
-        assert len(dump_blocks(tskv_dump)) == sum(map(len, chains.values()))
+        assert len(dump_blocks(tskv_dump)) == sum(map(len, chains.values())) + 3
         assert tskv_dump["m:default"]["tskv"] == {"left_out": 0}
 
 

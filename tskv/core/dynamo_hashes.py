@@ -8,9 +8,12 @@ from it afterwards: this ledger learns them from the same events, beside the ind
 service that asks for it (`tskv serve --dynamo-hashes`; it costs memory a block the index does
 not spend). Its answers count tiers as tskv's `/query` does.
 
-Dynamo mixes a LoRA name, a cache salt, multimodal items and extra keys into its hash in ways
-its code does not document; a block with any of them (or a token id outside u32, or an engine
-hash outside u64) is left out here and counted (`left_out`), never guessed.
+Under a LoRA adapter Dynamo seeds the hash with the adapter name's XXH3 (seed 0) plus 1337,
+found by matching `compute_block_hash_for_seq(tokens, size, lora_name=...)` of
+ai-dynamo-runtime 1.6.1 and checked against it (tests/interop/test_service_dropin.py). A
+cache salt, multimodal items and extra keys it mixes in ways not matched here (it drops a
+store with extra keys); a block with any of them (or a token id outside u32, or an engine hash
+outside u64) is left out and counted (`left_out`), never guessed.
 """
 
 from __future__ import annotations
@@ -47,11 +50,13 @@ def tier_of(medium: str | None) -> str:
     return HOST if medium.upper().startswith("CPU") else DISK
 
 
-def tokens_hash(tokens: Sequence[int]) -> int:
-    """One block's hash as Dynamo makes it."""
+def tokens_hash(tokens: Sequence[int], lora_name: str | None = None) -> int:
+    """One block's hash as Dynamo makes it; under a LoRA adapter, seeded with the adapter's
+    name's XXH3 (seed 0) plus 1337 (an empty name is none)."""
     if _xxh3 is None:
         raise TskvImportError("Dynamo's block hashes need xxhash: pip install 'tskv-trio[serve]'")
-    return _xxh3(struct.pack(f"<{len(tokens)}I", *tokens), seed=SEED)
+    seed = SEED if not lora_name else (_xxh3(lora_name.encode(), seed=0) + SEED) & U64
+    return _xxh3(struct.pack(f"<{len(tokens)}I", *tokens), seed=seed)
 
 
 def nodes_of(hashes: Iterable[int]) -> Iterator[int]:
@@ -105,7 +110,7 @@ class DynamoHashes:
             if type(engine_hash) is not int or not 0 <= engine_hash <= U64:
                 self._leave_out(worker, count - filed)
                 return
-            local = tokens_hash(tokens)
+            local = tokens_hash(tokens, event.lora_name)
             node, depth = hash((node, local)), depth + 1
             if (engine_hash, tier) in held:
                 self._remove(worker, [(engine_hash, tier)])
@@ -178,7 +183,7 @@ class DynamoHashes:
 
 def _plain(event: BlockStored) -> bool:
     """Whether Dynamo's hash of the event's blocks is their token ids' alone."""
-    if event.lora_name or event.extra_keys or event.mm_keys or event.cache_salt:
+    if event.extra_keys or event.mm_keys or event.cache_salt:
         return False
     if event.lookahead_token_ids:
         return False
