@@ -42,7 +42,7 @@ Worker = Any
 Store = tuple[str, "int | None", int, int]  # (tier, parent engine hash, engine hash, tokens hash)
 
 
-def tier_of(medium: str | None) -> str:
+def dynamo_tier(medium: str | None) -> str:
     """Dynamo's tier for an engine's medium: the GPU's (or none named) is the device's, a CPU's
     host memory, anything else below."""
     if medium is None or medium.upper() == "GPU":
@@ -85,7 +85,7 @@ class DynamoHashes:
             if isinstance(event, BlockStored):
                 self._store(worker, event)
             elif isinstance(event, BlockRemoved):
-                self._remove(worker, [(h, tier_of(event.medium)) for h in event.block_hashes])
+                self._remove(worker, [(h, dynamo_tier(event.medium)) for h in event.block_hashes])
             elif isinstance(event, AllBlocksCleared):
                 self.clear(worker)
 
@@ -102,7 +102,7 @@ class DynamoHashes:
                 self._leave_out(worker, count)
                 return
             node, depth = found
-        tier = tier_of(event.medium)
+        tier = dynamo_tier(event.medium)
         blocks = list(blocks_of(event.token_ids, self.block_size))[:count]
         for filed, (engine_hash, tokens) in enumerate(
             zip(event.block_hashes, blocks, strict=False)
@@ -127,6 +127,9 @@ class DynamoHashes:
     def left_out(self) -> int:
         """Blocks whose Dynamo hash is not known here, of every worker."""
         return sum(self._left_out.values())
+
+    def left_out_of(self, worker: Worker) -> int:
+        return self._left_out.get(worker, 0)
 
     def _remove(self, worker: Worker, ids: Iterable[tuple[int, str]]) -> None:
         held = self._blocks.get(worker, {})
@@ -208,7 +211,7 @@ def answer(ledger: DynamoHashes | None, worker: Worker, hashes: list[int] | None
     if ledger is None:
         return []
     if hashes is None:
-        return [ledger._left_out.get(worker, 0), [list(store) for store in ledger.stores(worker)]]
+        return [ledger.left_out_of(worker), [list(store) for store in ledger.stores(worker)]]
     return list(ledger.held(worker, hashes))
 
 
