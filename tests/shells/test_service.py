@@ -544,3 +544,28 @@ def test_a_zero_given_on_the_command_line_is_kept(tmp_path: Path) -> None:
     assert (settings.port, settings.processes) == (0, 0)
     left_out, _ = settled(build_parser().parse_args(["serve", "--config", str(config)]))
     assert (left_out.port, left_out.processes) == (9100, 2)
+
+
+async def test_a_worker_the_watcher_let_go_of_is_left_out_of_a_hash_answer() -> None:
+    """A worker unregistered while its Dynamo-hash answer is asked for (here: gone from the
+    watcher, still in the registry) is left out of the answer, not a 500."""
+    config = tskv.KVEventsConfig(endpoint=LOOPBACK, replay_endpoint=LOOPBACK)
+    async with tskv.open_publisher(config) as publisher, trio.open_nursery() as nursery:
+        settings = ServiceSettings(dynamo_hashes=True)
+        service_, bound = await nursery.start(serve, "127.0.0.1", 0, settings)
+        assert (await ask(bound[0], "/register", registration(publisher)))[0] == 201
+        model = service_.registry.model(("m", "default"))
+        service_._watchers[model.key].remove((1, 0))
+        query = {"block_hashes": [1, 2], "model_name": "m"}
+        assert await ask(bound[0], "/query_by_hash", query) == (
+            200,
+            {
+                "scores": {},
+                "frequencies": [],
+                "instances": {},
+                "tskv": {"block_size": 4, "stale": {}},
+            },
+        )
+        status, dumped = await ask(bound[0], "/dump")
+        assert status == 200 and dumped["m:default"]["events"] == []
+        nursery.cancel_scope.cancel()

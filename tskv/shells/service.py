@@ -24,7 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from tskv.core.descriptor import Descriptor
-from tskv.core.errors import ConfigError
+from tskv.core.errors import ConfigError, TskvError
 from tskv.core.indexer_api import (
     MAX_WORKERS,
     OPENAPI,
@@ -200,11 +200,16 @@ class IndexerService:
         self, model: ModelIndex, hashes: list[int] | None
     ) -> dict[WorkerKey, list[Any]]:
         """Each worker's `Watcher.dynamo_hashes` answer, asked of them all at once (a reader
-        process's answer comes with its next frame)."""
+        process's answer comes with its next frame). A worker unregistered meanwhile, or whose
+        reader process ended before it answered (it is stale until followed again), is left
+        out of the answer, as a worker holding nothing is."""
         watcher, found = self._watchers[model.key], {}
 
         async def ask(worker: WorkerKey) -> None:
-            found[worker] = await watcher.dynamo_hashes(worker, hashes)
+            try:
+                found[worker] = await watcher.dynamo_hashes(worker, hashes)
+            except TskvError as exc:
+                logger.info("%s left out of a Dynamo-hash answer: %s", worker, exc)
 
         async with trio.open_nursery() as nursery:
             for worker in list(model.workers):
