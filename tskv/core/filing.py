@@ -116,11 +116,8 @@ class Filing:
         plain worker's runs keyed from their blocks' content hashes, with no event made. What
         the steps cannot file alone (a worker whose blocks are tiered or hybrid, a run not
         wholly new to the worker) goes through `apply`, from that event on."""
-        worker_blocks, core, size = (
-            self.holdings.blocks_of(worker),
-            compiled.core,
-            self.holdings.block_size,
-        )
+        worker_blocks, core = self.holdings.blocks_of(worker), compiled.core
+        size = self.holdings.block_size
         assert core is not None  # a ReadBatch is made only where it is
         if worker_blocks.hybrid is not None or (
             worker_blocks.tier is not None and worker_blocks.tier != UNTIERED
@@ -134,15 +131,13 @@ class Filing:
                 self.holdings.clear(worker_blocks)
                 cleared = True
             else:
-                worker_blocks.tier = (
-                    UNTIERED  # as `needs_hybrid` notes a plain worker's first store
-                )
+                worker_blocks.tier = UNTIERED  # as `needs_hybrid` notes a first store
                 made = core.read_run(steps, size, worker_blocks.blocks, PLAIN_ROOT)
-                ids, keys, mismatched, orphans = made or ([], [], 0, 0)
-                if made is None or not add_new(worker_blocks.blocks, ids, keys):  # nothing changed:
-                    rest = self.apply(worker, batch.events[start:])  # filed from events
-                    return filed(cleared or rest.cleared, rest.strings, rest.lookahead)
-                self._hold_new(worker_blocks, keys, mismatched, orphans)
+                if made is not None and add_new(worker_blocks.blocks, made[0], made[1]):
+                    self._hold_new(worker_blocks, made[1], made[2], made[3])
+                    continue
+                rest = self.apply(worker, batch.events[start:])  # nothing changed: from events
+                return filed(cleared or rest.cleared, rest.strings, rest.lookahead)
         return filed(cleared, False, worker_blocks.lookahead)
 
     def _hold_new(

@@ -391,9 +391,8 @@ class Mirror:
         worker_blocks.mirrored = True
         table = holders.table
         if table is not None and worker_blocks.bit < 1 << 64 and not holders.predictions.masks:
-            table.mirror(
-                worker_blocks.bit, runs, worker_blocks.extra_refs
-            )  # hold and release, in one loop
+            # hold and release, in one compiled loop
+            table.mirror(worker_blocks.bit, runs, worker_blocks.extra_refs)
         else:
             for number, run in enumerate(runs):
                 if number % 2:

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from tskv.core.dynamo_hashes import DynamoHashes, stored_event
+from tskv.core.dynamo_hashes import stored_event
 from tskv.core.endpoints import check_endpoint
 from tskv.core.errors import TskvError
 from tskv.core.prefix_index import MAX_BLOCK_SIZE, Match, PrefixIndex
@@ -234,16 +234,14 @@ class ModelIndex:
     index: PrefixIndex
     workers: dict[WorkerKey, Registration] = attrs.Factory(dict)
 
-    @property
-    def hashes(self) -> DynamoHashes:
-        """Its workers' blocks by Dynamo's hashes; 501 where the service keeps none."""
+    def require_dynamo_hashes(self) -> None:
+        """Refuse (501) a route that needs Dynamo's block hashes where the index keeps none."""
         if self.index.dynamo is None:
             raise ApiError(
                 501,
                 "this route takes Dynamo's block hashes, which this service does not keep: "
                 "start it with --dynamo-hashes, or send the token ids to /query",
             )
-        return self.index.dynamo
 
     @property
     def block_size(self) -> int:

@@ -296,6 +296,7 @@ class IndexStatistics:
 
 
 def checked_block_size(block_size: object) -> int:
+    """`block_size` as an index takes it, or the ConfigError naming the range."""
     if (
         isinstance(block_size, bool)
         or not isinstance(block_size, int)
@@ -401,21 +402,16 @@ class BlockIndex:
 
     def clear_worker(self, worker: Worker) -> None:
         """Forget what `worker` holds (its engine restarted with an empty cache), keeping it."""
-        worker_blocks = self._holdings.workers.get(worker)
-        if worker_blocks is not None:
-            self._holdings.clear(worker_blocks)
-        if self.dynamo is not None:
-            self.dynamo.clear(worker)
+        self.clear_workers((worker,))
 
     def clear_workers(self, workers: Iterable[Worker]) -> None:
         """`clear_worker` for many at once: for workers whose blocks are kept elsewhere, one
         pass over every key for all of them."""
-        workers = list(workers)
-        self._holdings.clear(
-            *[self._holdings.workers[w] for w in workers if w in self._holdings.workers]
-        )
-        for worker in workers if self.dynamo is not None else ():
-            self.dynamo.clear(worker)  # type: ignore[union-attr]
+        known = [worker for worker in workers if worker in self._holdings.workers]
+        self._holdings.clear(*[self._holdings.workers[worker] for worker in known])
+        if self.dynamo is not None:
+            for worker in known:
+                self.dynamo.clear(worker)
 
     def remove_worker(self, worker: Worker) -> None:
         self._holdings.drop(worker)

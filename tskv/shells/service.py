@@ -181,7 +181,7 @@ class IndexerService:
     async def query_by_hash(self, body: object) -> Reply:
         query = HashQuery.parse(body)
         model = self.registry.model(query.index)
-        model.hashes  # noqa: B018 - refused (501) where the service keeps none
+        model.require_dynamo_hashes()
         began = time.perf_counter()
         found = await self._dynamo_answers(model, query.block_hashes)
         held: dict[Worker, int] = {w: said[0] for w, said in found.items() if said[0]}
@@ -193,7 +193,7 @@ class IndexerService:
     async def dump(self) -> Reply:
         models = list(self.registry.indexes.values())
         for model in models:
-            model.hashes  # noqa: B018 - refused (501) where the service keeps none
+            model.require_dynamo_hashes()  # before any worker is asked
         return 200, dumped([(model, await self._dynamo_answers(model, None)) for model in models])
 
     async def _dynamo_answers(

@@ -304,19 +304,23 @@ class Watcher(metaclass=NoPublicConstructor):
         stores (`block_hashes` None), or how many of the prefix `block_hashes` names it holds;
         asked of its reader process when there is one."""
         watched = self._watched(worker)
-        for reader in self._readers:
-            if watched.slot in reader.wanted:
-                return await reader.ask(AskHashes(0, watched.slot, True, block_hashes))
+        reader = self._reader_of(watched)
+        if reader is not None:
+            return await reader.ask(AskHashes(0, watched.slot, True, block_hashes))
         return dynamo_answer(self.index.dynamo, worker, block_hashes)
 
     async def engine_hashes(self, worker: Worker) -> set[int]:
         """The engine's hashes of the blocks `worker` holds, as its stream says (asked of its
         reader process, which keeps them, when there is one)."""
         watched = self._watched(worker)
-        for reader in self._readers:
-            if watched.slot in reader.wanted:
-                return await reader.engine_hashes(watched.slot)
+        reader = self._reader_of(watched)
+        if reader is not None:
+            return await reader.engine_hashes(watched.slot)
         return self.index.engine_hashes(worker)
+
+    def _reader_of(self, watched: Watched) -> Reader | None:
+        """The reader process that follows the worker, if one does (else it is followed here)."""
+        return next((r for r in self._readers if watched.slot in r.wanted), None)
 
 
 WATCHER_SETS = frozenset({"start_seq", "on_loss", "on_silence"})
