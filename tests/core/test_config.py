@@ -28,7 +28,7 @@ def test_from_json_reads_a_kv_events_config() -> None:
     [
         ("{", "not valid JSON"),
         ("[1]", "must be a JSON object"),
-        ('{"publisher": "kafka"}', "publisher = 'kafka'"),
+        ('{"publisher": 3}', "publisher = 3: use a publisher's name"),
         ('{"endpoint": 5557}', "endpoint = 5557"),
         ('{"endpoint": "localhost:5557"}', "endpoint: endpoint 'localhost:5557'"),
         ('{"replay_endpoint": "x"}', "replay_endpoint: endpoint 'x'"),

@@ -126,6 +126,15 @@ def test_a_bad_endpoint_fails_in_the_constructor() -> None:
         first.shutdown()
 
 
+def test_the_factory_refuses_a_publisher_nobody_registered_naming_those_that_are() -> None:
+    config = '{"enable_kv_cache_events": true, "publisher": "kafka"}'
+    with pytest.raises(tskv.ConfigError, match=r"publisher = 'kafka': use \"null\" or \"zmq\""):
+        EventPublisherFactory.create(config, 0)
+    assert isinstance(  # a name the factory does not know, but events are off: nothing built
+        EventPublisherFactory.create(config.replace("true", "false"), 0), NullEventPublisher
+    )
+
+
 def test_factory_follows_the_config() -> None:
     assert isinstance(EventPublisherFactory.create(None, 2), NullEventPublisher)
     assert isinstance(

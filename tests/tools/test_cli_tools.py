@@ -35,6 +35,10 @@ def tskv_process(*args: str) -> subprocess.Popen[str]:
         (["demo", "--requests-per-round", "0"], "--requests-per-round 0: the demo would publish"),
         (["demo", "--cache-blocks", "1"], "--cache-blocks 1: too small to cache one request"),
         (["listen", "ipc:///nonexistent-tskv-dir/sock"], "folder '/nonexistent-tskv-dir'"),
+        (
+            ["simulate", "--kv-events-config", '{"publisher": "kafka"}'],
+            "publisher = 'kafka': tskv simulate publishes over ZeroMQ",
+        ),
     ],
 )
 def test_what_cannot_work_is_one_line_naming_the_fix_exit_2(

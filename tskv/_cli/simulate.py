@@ -30,6 +30,11 @@ def simulate_config(args: argparse.Namespace) -> KVEventsConfig:
     base = KVEventsConfig()
     if args.kv_events_config is not None:
         base = KVEventsConfig.from_json(args.kv_events_config, logger.warning)
+        if base.publisher not in (None, "zmq"):
+            raise ConfigError(
+                f"publisher = {base.publisher!r}: tskv simulate publishes over ZeroMQ; "
+                'leave the key out or set it to "zmq"'
+            )
     flags = {
         "endpoint": args.endpoint,
         "replay_endpoint": args.replay_endpoint,

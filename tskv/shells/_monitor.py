@@ -24,9 +24,9 @@ bounded (a drop and a return at most, the latest kept; or the refusal, which end
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
+import secrets
 from typing import cast
 
 import trio
@@ -51,8 +51,7 @@ RETRIED_WITHIN = 1.0  # seconds; libzmq's I/O thread says CONNECT_RETRIED micros
 REFUSALS_FINAL = 3  # undetailed handshake failures in a row that are a refusal for good
 # pyzmq names a monitor's inproc endpoint after the socket's fd, and fds are reused: a socket
 # opened while a closed one's monitor endpoint still lingers failed with "Address already in
-# use". A name of our own never repeats.
-_MONITOR_NAMES = itertools.count()
+# use". A random name of our own does not repeat, and needs no counter kept by the module.
 
 
 class SocketMonitor:
@@ -86,7 +85,7 @@ class SocketMonitor:
         self.answered = trio.Event()  # set at the first successful handshake
         self.stopped = False  # the socket no longer reports to this monitor
         self._watched = sock
-        address = f"inproc://tskv-monitor-{next(_MONITOR_NAMES)}"
+        address = f"inproc://tskv-monitor-{secrets.token_hex(8)}"
         self._events = TrioSocket(sock.get_monitor_socket(_EVENTS, address))
         self._log = LogLimiter()
 

@@ -50,10 +50,6 @@ logger = logging.getLogger(__name__)
 
 REPLAY_PIPE = 128  # replies ZeroMQ queues per replay client, whatever `hwm` is
 RELEASE_WAIT = 1.0  # seconds a closing publisher waits for ZeroMQ to let go of its tcp ports
-# Endpoints this process's publishers of a rank > 0 bound, offset, each with the endpoint it was
-# configured with and its rank: given back with that rank, one would be offset twice.
-_OFFSET_BOUND: dict[str, tuple[str, int]] = {}
-OFFSET_BOUND_KEPT = 1024
 UNANSWERED_AFTER = 5.0  # seconds a publisher that connects out waits for a subscriber, then says so
 MAX_SUBSCRIPTION_BYTES = 4096  # a larger subscription frame disconnects its sender
 CURVE_HINT = (
@@ -354,8 +350,6 @@ async def open_publisher(
     endpoint = offset_endpoint_port(config.endpoint, dp_rank)
     replay_endpoint = offset_endpoint_port(config.replay_endpoint, dp_rank)
     assert endpoint is not None
-    _warn_if_offset_twice(config.endpoint, endpoint, dp_rank)
-    _warn_if_offset_twice(config.replay_endpoint, replay_endpoint, dp_rank)
     security = server_security(config)  # the key files are read here, where sockets open
     own_context = context is None and security is not None
     if context is None:
@@ -382,7 +376,6 @@ async def open_publisher(
         publisher = Publisher._create(
             config, dp_rank, queue, publishing, replaying, buffer, state, watch
         )
-        _remember_offset(publisher)
         binds = config.binds(endpoint)
         bound.extend([publisher.endpoint] if binds else [])
         bound.extend([publisher.replay_endpoint] if publisher.replay_endpoint else [])
@@ -429,39 +422,6 @@ def _bindable(endpoint: str) -> bool:
         except OSError:
             return False
     return True
-
-
-def _warn_if_offset_twice(configured: str | None, offset: str | None, dp_rank: int) -> None:
-    """A restart given the endpoint a publisher of this rank reported (already offset) would
-    bind the next rank's port, where no subscriber looks: say so, naming the one to pass."""
-    earlier = _OFFSET_BOUND.get(configured or "")
-    if dp_rank and earlier is not None and earlier[1] == dp_rank:
-        logger.warning(
-            "endpoint %s is the one a publisher of rank %d bound here (configured as %s): with "
-            "dp_rank=%d it is offset again, to %s; to restart on the same ports, configure %s "
-            "(its configured_endpoint) with the same rank",
-            configured,
-            dp_rank,
-            earlier[0],
-            dp_rank,
-            offset,
-            earlier[0],
-        )
-
-
-def _remember_offset(publisher: Publisher) -> None:
-    if not publisher.dp_rank:
-        return
-    pairs = [(publisher.configured_endpoint, publisher.endpoint)]
-    if publisher.configured_replay_endpoint and publisher.replay_endpoint:
-        pairs.append((publisher.configured_replay_endpoint, publisher.replay_endpoint))
-    for configured, bound in pairs:
-        # only an endpoint the rank's offset made: a port the OS picked (a wildcard's) is none,
-        # and remembering it would warn whoever later configures that number by chance
-        if configured != bound and offset_endpoint_port(configured, publisher.dp_rank) == bound:
-            _OFFSET_BOUND[bound] = (configured, publisher.dp_rank)
-    while len(_OFFSET_BOUND) > OFFSET_BOUND_KEPT:
-        del _OFFSET_BOUND[next(iter(_OFFSET_BOUND))]
 
 
 def _announce(publisher: Publisher, encrypted: bool, binds: bool) -> None:

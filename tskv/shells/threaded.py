@@ -25,7 +25,7 @@ import trio
 import zmq
 
 from tskv.core.codec import DroppedFields, encode_batch
-from tskv.core.config import PUBLISHER_NAMES, KVEventsConfig, did_you_mean, field_names
+from tskv.core.config import KVEventsConfig, did_you_mean, field_names
 from tskv.core.endpoints import offset_endpoint_port
 from tskv.core.errors import ConfigError, TskvLookupError
 from tskv.core.events import KVEventBatch
@@ -303,7 +303,6 @@ class EventPublisherFactory:
         if name in cls._registry:
             raise TskvLookupError(f"publisher {name!r} is already registered; pick another name")
         cls._registry[name] = ctor
-        PUBLISHER_NAMES.add(name)
 
     @staticmethod
     def _config(config_json: str | None) -> KVEventsConfig | None:
@@ -321,6 +320,12 @@ class EventPublisherFactory:
         if config is None or not config.enabled:
             return NullEventPublisher(attn_dp_rank)
         kind = config.publisher or "zmq"
+        if kind not in cls._registry:
+            names = " or ".join(f'"{name}"' for name in sorted(cls._registry))
+            raise ConfigError(
+                f"publisher = {kind!r}: use {names} (or register it with "
+                "EventPublisherFactory.register_publisher first), or null for the default"
+            )
         if kind == "zmq":
             return ZmqEventPublisher.from_config(config, attn_dp_rank)
         options = config.to_mapping()
