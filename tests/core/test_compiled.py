@@ -22,7 +22,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tests.strategies import examples
 from tskv.core import block_keys, compiled, filing
-from tskv.core.block_keys import chain_in_python
 from tskv.core.events import BlockRemoved, BlockStored, KVEventBatch
 from tskv.core.filing import run_keys
 from tskv.core.holdings import ABSENT, Bits
@@ -64,14 +63,14 @@ def hashed_in_c(content: Any, depth: int = 0) -> bool:
 def test_chain_gives_the_reference_keys_or_leaves_them_to_python(
     root: int | None, blocks: list[Any]
 ) -> None:
-    reference = chain_in_python(root, blocks)
+    reference = block_keys.chain(root, blocks)
     made = _compiled.chain(root, blocks)
     reachable = blocks[: next((n for n, key in enumerate(reference) if key is None), len(blocks))]
     if made is None:  # declined: only for a content it reaches and may not hash in C
         assert not all(hashed_in_c(content) for content in reachable)
     else:
         assert made == reference
-    assert block_keys.chain(root, blocks) == reference  # what the index calls: either way
+    assert compiled.chain(root, blocks) == reference  # what the index calls: either way
 
 
 @st.composite
@@ -537,8 +536,8 @@ def test_malformed_input_is_refused_alike(request: Any, root: Any, size: int, ot
     assert walked is None or walked == outcome(python_walk, *both)  # None: the pure walk's
     blocks = request if isinstance(request, list) else [request]
     keys = outcome(_compiled.chain, root, blocks)
-    assert keys is None or keys == outcome(chain_in_python, root, blocks)
-    assert outcome(block_keys.chain, root, blocks) == outcome(chain_in_python, root, blocks)
+    assert keys is None or keys == outcome(block_keys.chain, root, blocks)
+    assert outcome(compiled.chain, root, blocks) == outcome(block_keys.chain, root, blocks)
 
 
 @given(st.lists(st.one_of(hashes, hashes, st.integers(-(2**70), 2**70), junk), max_size=12))

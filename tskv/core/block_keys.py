@@ -6,9 +6,11 @@ vLLM's lookahead hashing the tokens after it that its hash covers). At the root,
 and the cache salt (SGLang's and vLLM's per-tenant namespace). Everything that makes a block's
 identity in its engine is in its key, so one tenant's query never matches another tenant's
 salted blocks, whatever hashing scheme the engine uses (TokenSpeed's FNV, vLLM's SHA-256 or
-xxHash, the simulator's). This module is the one place keys are made in Python: a stored
-run's (`chain`), a request's (`request_keys`) and the reference walk's, one at a time
-(`walk_keys`); the compiled core makes the same keys in C (`tskv/core/_compiled_lib/`), and
+xxHash, the simulator's). This module is the one place keys are made in Python, the
+reference: one block's (`block_key`), a stored run's (`chain`), a request's (`request_contents`
+chained) and the reference walk's, one at a time (`walk_keys`). The compiled core makes the
+same keys in C (`tskv/core/_compiled_lib/`); `compiled` checks it against this module before
+it is used and chooses it for a run's keys where it is built (`compiled.chain`), and
 `tests/core/test_block_keys.py` and `tests/core/test_compiled.py` hold them equal.
 
 A key is the same in every process: a watcher's reader processes key the blocks and the
@@ -26,7 +28,6 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-from tskv.core import compiled
 from tskv.core.events import MMKey
 
 Identity = Any  # extra keys and multimodal items of one block, as a hashable value, or None
@@ -144,17 +145,22 @@ def blocks_of(tokens: Sequence[Any], size: int) -> Iterator[tuple[Any, ...]]:
     return zip(*[iter(tokens)] * size)  # noqa: B905 - the short block is what is left out
 
 
+def block_key(parent: int, content: Any) -> int:
+    """The key of a block under `parent`: its tokens, or (tokens, identity) where it has one."""
+    return hash((parent, content))
+
+
 def chain(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
     """The keys of consecutive blocks under parent `key`: None from the first block no query
-    can reach (no parent known, or its tokens short) on. Compiled where `compiled.core` is."""
-    if compiled.core is not None:  # None: contents it leaves to Python (not ints or tuples)
-        keys: list[int | None] | None = compiled.core.chain(key, blocks)
-        if keys is not None:
-            return keys
-    return chain_in_python(key, blocks)
+    can reach (no parent known, or its tokens short) on."""
+    keys: list[int | None] = []
+    for content in blocks:
+        key = None if key is None or content is None else block_key(key, content)
+        keys.append(key)
+    return keys
 
 
-def request_keys(
+def request_contents(
     token_ids: Sequence[Any],
     size: int,
     count: int,
@@ -163,17 +169,17 @@ def request_keys(
     extra_keys: Sequence[Any] | None = None,
     mm_keys: Sequence[Sequence[MMKey]] | None = None,
     lookahead: int = 0,
-) -> list[int | None]:
-    """A request's first `count` block keys (fewer, if it has fewer blocks), as an engine with
-    `lookahead` tokens after each block in its hashes would key them: what a prediction files
-    and a hybrid worker's answer looks up."""
+) -> tuple[int, list[Any]]:
+    """A request's root key and the contents of its first `count` blocks (fewer, if it has
+    fewer), as an engine with `lookahead` tokens after each block in its hashes would key
+    them: `chain` of the two is the request's keys."""
     count = min(count, max(0, (len(token_ids) - lookahead) // size))
     after = None
     if lookahead:
         ends = [(depth + 1) * size for depth in range(count)]
         after = [token_ids[end : end + lookahead] for end in ends]
     found, _ = contents(token_ids, identities(extra_keys, mm_keys, count, after), count, size)
-    return chain(root_key(lora_name, cache_salt), found)
+    return root_key(lora_name, cache_salt), found
 
 
 def walk_keys(
@@ -190,20 +196,11 @@ def walk_keys(
     blocks = max(0, (len(token_ids) - lookahead) // size)
     for depth, chunk in enumerate(blocks_of(token_ids, size)):
         if plain:
-            key = hash((key, chunk))
+            key = block_key(key, chunk)
         else:
             if depth >= blocks:
                 return  # the tokens after it that its key covers are not in the request
             after = token_ids[(depth + 1) * size : (depth + 1) * size + lookahead]
             identity = block_identity(extra_keys, mm_keys, depth, after if lookahead else None)
-            key = hash((key, chunk if identity is None else (chunk, identity)))
+            key = block_key(key, chunk if identity is None else (chunk, identity))
         yield key
-
-
-def chain_in_python(key: int | None, blocks: Sequence[Any]) -> list[int | None]:
-    """`chain` in Python, the reference."""
-    keys: list[int | None] = []
-    for content in blocks:
-        key = None if key is None or content is None else hash((key, content))
-        keys.append(key)
-    return keys

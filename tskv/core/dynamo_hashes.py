@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from tskv.core.block_keys import blocks_of
+from tskv.core.block_keys import block_key, blocks_of
 from tskv.core.errors import TskvImportError
 from tskv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -111,7 +111,7 @@ class DynamoHashes:
                 self._leave_out(worker, count - filed)
                 return
             local = tokens_hash(tokens, event.lora_name)
-            node, depth = hash((node, local)), depth + 1
+            node, depth = block_key(node, local), depth + 1
             if (engine_hash, tier) in held:
                 self._remove(worker, [(engine_hash, tier)])
             held[engine_hash, tier] = (node, parent, local, depth)

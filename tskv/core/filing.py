@@ -15,7 +15,7 @@ from typing import Any, cast
 import attrs
 
 from tskv.core import compiled
-from tskv.core.block_keys import PLAIN_ROOT, chain, contents, identities, root_key
+from tskv.core.block_keys import PLAIN_ROOT, contents, identities, root_key
 from tskv.core.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -185,7 +185,7 @@ class Filing:
             found, strings = contents(event.token_ids, None, len(event.block_hashes), size)
         blocks = worker_blocks.blocks
         tier = tier_of(event)
-        keys = chain(first_key(event, tier, blocks), found)
+        keys = compiled.chain(first_key(event, tier, blocks), found)
         if keys and keys[-1] is None:
             self.orphans += keys.count(None)
         grouped = event.group_idx is not None
@@ -368,7 +368,7 @@ def run_keys(
         if found is None:
             found, cut_strings = contents(event.token_ids, None, len(event.block_hashes), size)
             strings = strings or cut_strings
-        keys.extend(chain(key, found))
+        keys.extend(compiled.chain(key, found))
         ids.extend(block_ids(tier, event.block_hashes))
     return ids, keys, mismatched, strings
 

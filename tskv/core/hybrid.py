@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from tskv.core.block_keys import chain, contents, identities, root_key
+from tskv.core import compiled
+from tskv.core.block_keys import contents, identities, root_key
 from tskv.core.events import BlockRemoved, BlockStored, KVEvent
 from tskv.core.groups import GroupSet, Held
 from tskv.core.tiers import BlockKeys, Tier, block_id, tier_of
@@ -118,7 +119,7 @@ class HybridBlocks:
                 idents[i // scale] if i % scale == scale - 1 else None for i in range(count * scale)
             ]
         found_contents, strings = contents(event.token_ids, idents, count * scale, self.block_size)
-        keys = chain(key, found_contents)
+        keys = compiled.chain(key, found_contents)
         if scale == 1:
             return list(keys), strings
         # a larger block is its last index block's key: its hash is that block's (vLLM's

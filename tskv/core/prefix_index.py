@@ -22,7 +22,7 @@ import attrs
 
 from tskv.core import compiled
 from tskv.core._checks import int_at_least, number_at_least
-from tskv.core.block_keys import PLAIN_ROOT, int_tokens, request_keys, root_key, walk_keys
+from tskv.core.block_keys import PLAIN_ROOT, int_tokens, request_contents, root_key, walk_keys
 from tskv.core.dynamo_hashes import DynamoHashes
 from tskv.core.errors import ConfigError, TskvLookupError, TskvTypeError
 from tskv.core.events import (
@@ -264,10 +264,10 @@ def _engine_answers(
 def _request_keys(request: Request, size: int, lookahead: int, count: int) -> list[int]:
     """The request's first `count` block keys (fewer, if it has fewer blocks)."""
     token_ids, lora_name, extra_keys, cache_salt, mm_keys = request
-    keys = request_keys(
+    root, found = request_contents(
         token_ids, size, count, lora_name, cache_salt, extra_keys, mm_keys, lookahead
     )
-    return [key for key in keys if key is not None]
+    return [key for key in compiled.chain(root, found) if key is not None]
 
 
 def _either(
@@ -571,6 +571,7 @@ class PrefixIndex(BlockIndex):
         bit, holders = self._holdings.blocks_of(worker).bit, self._holders.holders
         size = self.block_size
         count = len(token_ids) // size
-        keys = request_keys(token_ids, size, count, lora_name, cache_salt, extra_keys, mm_keys)
-        fresh = [key for key in keys if key is not None and not holders.get(key, 0) & bit]
+        request = (token_ids, lora_name, extra_keys, cache_salt, mm_keys)
+        keys = _request_keys(request, size, 0, count)
+        fresh = [key for key in keys if not holders.get(key, 0) & bit]
         self._predictions.add(bit, fresh, ttl)
