@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 import tskv
+from benchmarks.helpers import median_of_runs
 from benchmarks.rounds import SHAPES, msgspec, round_makers, tokenspeed_types
 from tskv.core.codec import encode_round
 from tskv.core.events import KVEvent
@@ -113,9 +114,15 @@ def _instructions(shape: str, contender: str, n: int) -> int:
     return int(found.group(1))
 
 
+def _per_round(shape: str, who: str) -> float:
+    n = LOOPS[shape]
+    return (_instructions(shape, who, 3 * n) - _instructions(shape, who, n)) / (2 * n)
+
+
 def instructions_section(out: Callable[[str], None], reps: int) -> None:
-    """Instructions a round (callgrind; one run whatever `reps` says: its counts repeat): two
-    runs of different lengths differenced, so start-up cancels out."""
+    """Instructions a round (callgrind): two runs of different lengths differenced, so
+    start-up cancels out; the median of `reps` such pairs (the counts repeat within a few
+    instructions: the hash seed is fixed and the collector off)."""
     if shutil.which("valgrind") is None or msgspec is None:
         out("\n## Instructions a round: skipped, valgrind or msgspec is not installed")
         return
@@ -123,11 +130,7 @@ def instructions_section(out: Callable[[str], None], reps: int) -> None:
     out("| shape | build + encode, TokenSpeed / tskv | ratio | decode, msgspec / tskv | ratio |")
     out("|---|---|---|---|---|")
     for shape in SHAPES:
-        n = LOOPS[shape]
-        count = {
-            who: (_instructions(shape, who, 3 * n) - _instructions(shape, who, n)) / (2 * n)
-            for who in CONTENDERS
-        }
+        count = {who: median_of_runs(reps, _per_round, shape, who) for who in CONTENDERS}
         theirs_b, ours_b, theirs_d, ours_d = (count[who] for who in CONTENDERS)
         out(
             f"| {shape} | {theirs_b:,.0f} / {ours_b:,.0f} | {ours_b / theirs_b:.2f} | "

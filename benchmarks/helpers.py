@@ -1,6 +1,6 @@
 """What every section shares: child processes (each figure on a fresh interpreter where it
 matters), their CPU and memory, a subscriber process that counts batches, percentiles and number
-formatting. Sections import their helpers from here and nowhere else."""
+formatting, repeated runs merged. Sections import their helpers from here and nowhere else."""
 
 from __future__ import annotations
 
@@ -74,6 +74,36 @@ def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 0
     scaled = [v * scale for v in values]
     mid = statistics.median(scaled)
     return f"{mid:,.{digits}f}{unit} ({min(scaled):,.{digits}f}..{max(scaled):,.{digits}f})"
+
+
+# Counts of what went wrong in a run: over repeated runs, the worst is reported, since a median
+# would hide the one run that lost something
+WORST_OF_RUNS = frozenset(
+    {"losses", "wrong_views", "behind", "late_rounds", "stale_after_bootstrap", "missed"}
+)
+
+
+def median_of_runs(reps: int, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`run(*args, **kwargs)` repeated `reps` times (at least once), its figures merged: each
+    number the median of the runs (a tuple's, a list's and a dict's element by element), the
+    counts in WORST_OF_RUNS the worst run's; what is not a number in every run is the first
+    run's."""
+    runs = [run(*args, **kwargs) for _ in range(max(1, reps))]
+    return _merged(runs, None)
+
+
+def _merged(values: list[Any], name: str | None) -> Any:
+    first = values[0]
+    if isinstance(first, dict):
+        return {key: _merged([value.get(key) for value in values], key) for key in first}
+    if isinstance(first, (tuple, list)) and all(len(value) == len(first) for value in values):
+        return type(first)(_merged(list(column), name) for column in zip(*values, strict=True))
+    numbers = [value for value in values if isinstance(value, (int, float))]
+    if isinstance(first, bool) or len(numbers) < len(values):
+        return first
+    if name in WORST_OF_RUNS:
+        return max(numbers)
+    return statistics.median(numbers)
 
 
 def last_endpoint(sock: zmq.Socket[bytes]) -> str:

@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from benchmarks.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
-from benchmarks.helpers import in_fresh_process, percentile
+from benchmarks.helpers import in_fresh_process, median_of_runs, percentile
 from benchmarks.rounds import BLOCK, blocks_per_round, churn_maker
 from tskv.core import compiled
 from tskv.core.block_keys import root_key
@@ -165,7 +165,8 @@ def _index_memory(blocks: int, conn: Connection) -> None:
 
 
 def index_section(out: Callable[[str], None], reps: int) -> None:
-    """Each size's events applied once, its queries asked `reps` times (`_measure_side`)."""
+    """Each size's events applied once, its queries asked `reps` times (`_measure_side`); the
+    memory, long-prompt and filing figures the median of `reps` fresh processes."""
     llm = dynamo()
     out(
         "\n## The prefix index beside Dynamo's RadixTree "
@@ -195,10 +196,10 @@ def index_section(out: Callable[[str], None], reps: int) -> None:
             f"{theirs['p50_us']:.1f} / {theirs['p99_us']:.1f} µs | "
             f"{ours['p50_us'] / theirs['p50_us']:.2f} |"
         )
-    per_block = in_fresh_process(_index_memory, 100_000)
+    per_block = median_of_runs(reps, in_fresh_process, _index_memory, 100_000)
     out(f"\nIndex memory (tracemalloc, 100,000 blocks, 64 workers): {per_block:,.0f} B per block")
-    _long_prompt_section(out, llm)
-    _reader_filing_section(out)
+    _long_prompt_section(out, llm, reps)
+    _reader_filing_section(out, reps)
 
 
 FLEET_BLOCKS = 50_000  # each worker's cache in the long-prompt comparison: 3.2M in all
@@ -289,7 +290,7 @@ def _walk_forms(index: PrefixIndex) -> list[tuple[str, float, float]]:
     return found
 
 
-def _long_prompt_section(out: Callable[[str], None], llm: Any | None) -> None:
+def _long_prompt_section(out: Callable[[str], None], llm: Any | None, reps: int) -> None:
     out(
         "\nA 2,000-token prompt at 64 × 50,000 cached blocks (3.2M, 40-block requests, each "
         "worker its own content), the index alone (the fleet section has ours under a stream):\n"
@@ -298,7 +299,7 @@ def _long_prompt_section(out: Callable[[str], None], llm: Any | None) -> None:
     out("|---|---|---|")
     walks = None
     for dynamo_side in (False, True) if llm is not None else (False,):
-        answers, found = in_fresh_process(_long_prompt_side, dynamo_side)
+        answers, found = median_of_runs(reps, in_fresh_process, _long_prompt_side, dynamo_side)
         p50, p99, short_p50, short_p99 = answers
         walks = walks or found
         name = DynamoSide.name if dynamo_side else TskvSide.name
@@ -317,13 +318,15 @@ def _long_prompt_section(out: Callable[[str], None], llm: Any | None) -> None:
 
 def fleet_section(out: Callable[[str], None], reps: int) -> None:
     """One router over a fleet, in the process that owns the index and in reader processes:
-    one run (`reps` is not used: a run takes minutes, its figures from thousands of batches)."""
-    _keeping_current(out)
-    _fleet_caches(out)
-    _many_routers(out)
+    each row's figures the median of `reps` runs (a run takes up to a minute; `--reps 1` for
+    one), its counts of losses and wrong views the worst run's."""
+    out(f"\n(each fleet row: the median of {max(1, reps)} runs; losses, behind: the worst run)")
+    _keeping_current(out, reps)
+    _fleet_caches(out, reps)
+    _many_routers(out, reps)
 
 
-def _keeping_current(out: Callable[[str], None]) -> None:
+def _keeping_current(out: Callable[[str], None], reps: int) -> None:
     out("\n## One router keeping the index current (small rounds: 10 events of 4 blocks)\n")
     out(
         "| workers | followed in | rounds/s each | index process CPU per batch | "
@@ -334,7 +337,7 @@ def _keeping_current(out: Callable[[str], None]) -> None:
     )
     out("|---|---|---|---|---|---|---|---|---|---|")
     for workers, processes in ((16, 0), (64, 0), (64, 1), (64, 2)):
-        run = watch_scale(workers, processes=processes, rate=50)
+        run = median_of_runs(reps, watch_scale, workers, processes=processes, rate=50)
         where = "the index's process" if not processes else _readers(processes)
         inside = (
             f"{run['readers_io_us']:.0f} µs, {run['readers_kernel_us']:.0f} µs"
@@ -348,7 +351,7 @@ def _keeping_current(out: Callable[[str], None]) -> None:
         )
 
 
-def _fleet_caches(out: Callable[[str], None]) -> None:
+def _fleet_caches(out: Callable[[str], None], reps: int) -> None:
     out("\n## A fleet's caches: bootstrap, queries while applying, memory\n")
     out(
         "64 workers × 50,000 cached blocks (3.2M, each worker its own content), publishing "
@@ -389,7 +392,16 @@ def _fleet_caches(out: Callable[[str], None]) -> None:
         if nice < 0 and not _may_run_at(nice):
             out(f"| {rate} | {followed} | n/a: this user may not raise a priority |" + " |" * 11)
             continue
-        run = watch_scale(64, processes=processes, rate=rate, seconds=5, cached=50_000, nice=nice)
+        run = median_of_runs(
+            reps,
+            watch_scale,
+            64,
+            processes=processes,
+            rate=rate,
+            seconds=5,
+            cached=50_000,
+            nice=nice,
+        )
         matches = []
         for blocks in (40, 4):
             switched, clock = run[f"match_{blocks}_clock"]
@@ -425,7 +437,7 @@ def _readers(processes: int) -> str:
     return f"{processes} reader process" + ("es" if processes > 1 else "")
 
 
-def _many_routers(out: Callable[[str], None]) -> None:
+def _many_routers(out: Callable[[str], None], reps: int) -> None:
     out("\n## Many routers on one fleet (64 workers, 10 rounds/s each, 1 reader process each)\n")
     out(
         "The routers run at niceness 10, so that on a machine with fewer cores than processes "
@@ -445,7 +457,9 @@ def _many_routers(out: Callable[[str], None]) -> None:
         transport = "ipc" if ipc else "tcp loopback"
         one = None
         for routers in (1, 3):
-            run = watch_scale(64, routers=routers, processes=1, rate=10, ipc=ipc, nice=10)
+            run = median_of_runs(
+                reps, watch_scale, 64, routers=routers, processes=1, rate=10, ipc=ipc, nice=10
+            )
             one = one or run["publisher_cpu_us"]
             out(
                 f"| {transport} | {routers} router{'s' * (routers > 1)} | "
@@ -454,7 +468,7 @@ def _many_routers(out: Callable[[str], None]) -> None:
             )
         one = None
         for subscribers in (1, 3):
-            bare = subscriber_cost(subscribers, ipc)
+            bare = median_of_runs(reps, subscriber_cost, subscribers, ipc)
             one = one or bare["publisher_cpu_us"]
             out(
                 f"| {transport} | {subscribers} bare | {bare['publisher_cpu_us']:.0f} µs | "
@@ -540,7 +554,7 @@ def _index_mirroring(pure: bool, conn: Connection) -> None:
     conn.send(_timed_rounds(reports))
 
 
-def _reader_filing_section(out: Callable[[str], None]) -> None:
+def _reader_filing_section(out: Callable[[str], None], reps: int) -> None:
     for name, measure in (
         (
             "A reader's index filing a small round (10 events of 4 blocks, as many removed; 32 "
@@ -554,8 +568,12 @@ def _reader_filing_section(out: Callable[[str], None]) -> None:
             _index_mirroring,
         ),
     ):
-        compiled_us = None if compiled.core is None else in_fresh_process(measure, False)
-        pure_us = in_fresh_process(measure, True)
+        compiled_us = (
+            None
+            if compiled.core is None
+            else median_of_runs(reps, in_fresh_process, measure, False)
+        )
+        pure_us = median_of_runs(reps, in_fresh_process, measure, True)
         both = "" if compiled_us is None else "{:.0f} / {:.0f} µs compiled, ".format(*compiled_us)
         pure = "{:.0f} / {:.0f} µs pure".format(*pure_us)
         out(f"\n{name}: {both}{pure}, CPU, caches warm / cold")

@@ -26,7 +26,7 @@ import trio
 
 import tskv.shells._reader_process as reader_process
 from benchmarks.fleet import publish_workers, router_cpu
-from benchmarks.helpers import child
+from benchmarks.helpers import child, median_of_runs
 from benchmarks.rounds import BLOCK
 from tskv.core.prefix_index import PrefixIndex
 from tskv.shells.watcher import open_watcher
@@ -46,18 +46,19 @@ PLACES = [
 
 
 def reader_section(out: Callable[[str], None], reps: int) -> None:
-    """One run whatever `reps` says: callgrind counts the same instructions every run."""
+    """Each path's figures the median of `reps` runs: callgrind counts instructions exactly,
+    but a live stream's batches differ from run to run in how many events they carry."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         out("\n## A reader process's instructions a batch: skipped, valgrind is not installed")
         return
     out(
         f"\n## A reader process's instructions a batch (callgrind; {WORKERS} workers, "
-        f"{RATE} small rounds/s, {WINDOW:.0f} s)\n"
+        f"{RATE} small rounds/s, {WINDOW:.0f} s; the median of {max(1, reps)} runs)\n"
     )
     out("| path | instructions a batch | " + " | ".join(name for name, _ in PLACES) + " |")
     out("|---|---|" + "---|" * len(PLACES))
     for path, pure in (("compiled", False), ("pure Python", True)):
-        per_batch, shares = reader_instructions(pure)
+        per_batch, shares = median_of_runs(reps, reader_instructions, pure)
         cells = " | ".join(f"{shares.get(name, 0.0):.0%}" for name, _ in PLACES)
         out(f"| {path} | {per_batch / 1000:.0f}k | {cells} |")
 

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 import tskv
-from benchmarks.helpers import percentile
+from benchmarks.helpers import median_of_runs, percentile
 
 BLOCK = 16
 PROMPT_BLOCKS = 125  # a 2,000-token prompt
@@ -271,7 +271,8 @@ async def measure(workers: int, blocks: int, with_dynamo: bool) -> dict[str, dic
 def service_section(
     out: Callable[[str], None], reps: int, fleets: tuple[int, ...] = (16, 64)
 ) -> None:
-    """One run a fleet (`reps` is not used: its figures come from the many queries within it)."""
+    """Each fleet's figures the median of `reps` runs (each its own services, publishers and
+    thousands of queries; `--reps 1` for one)."""
     try:
         import dynamo.llm  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
 
@@ -280,6 +281,7 @@ def service_section(
         with_dynamo = False
     logging.getLogger("tskv").setLevel(logging.ERROR)  # the kill's abandoned replays, expected
     out("\n## tskv serve beside Dynamo's standalone indexer (2,000-token prompts)\n")
+    out(f"Each row: the median of {max(1, reps)} runs.\n")
     if not with_dynamo:
         out("Dynamo is not installed (pip install ai-dynamo-runtime): its rows are skipped.\n")
     out(
@@ -289,7 +291,7 @@ def service_section(
     )
     out("|---|---|---|---|---|---|---|---|---|---|")
     for workers in fleets:
-        figures = trio.run(measure, workers, 50_000, with_dynamo)
+        figures = median_of_runs(reps, trio.run, measure, workers, 50_000, with_dynamo)
         for name, row in figures.items():
             one, many = row["one"], row["sixteen"]
             out(
