@@ -103,6 +103,8 @@ def _merged(values: list[Any], name: str | None) -> Any:
         return first
     if name in WORST_OF_RUNS:
         return max(numbers)
+    if all(isinstance(number, int) for number in numbers):
+        return statistics.median_low(numbers)  # a count stays a whole number
     return statistics.median(numbers)
 
 
