@@ -92,6 +92,11 @@ def median_of_runs(reps: int, run: Callable[..., Any], *args: Any, **kwargs: Any
     return _merged(runs, None)
 
 
+def runs_said(reps: int) -> str:
+    """How a table names what `median_of_runs` gave it."""
+    return "one run" if reps <= 1 else f"the median of {reps} runs"
+
+
 def _merged(values: list[Any], name: str | None) -> Any:
     first = values[0]
     if isinstance(first, dict):

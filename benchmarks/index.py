@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from benchmarks.fleet import PROMPT, STEADY, subscriber_cost, watch_scale
-from benchmarks.helpers import in_fresh_process, median_of_runs, percentile
+from benchmarks.helpers import in_fresh_process, median_of_runs, percentile, runs_said
 from benchmarks.rounds import BLOCK, blocks_per_round, churn_maker
 from tskv.core import compiled
 from tskv.core.block_keys import root_key
@@ -320,7 +320,8 @@ def fleet_section(out: Callable[[str], None], reps: int) -> None:
     """One router over a fleet, in the process that owns the index and in reader processes:
     each row's figures the median of `reps` runs (a run takes up to a minute; `--reps 1` for
     one), its counts of losses and wrong views the worst run's."""
-    out(f"\n(each fleet row: the median of {max(1, reps)} runs; losses, behind: the worst run)")
+    worst = "; losses, behind: the worst run's" if reps > 1 else ""
+    out(f"\n(each fleet row: {runs_said(reps)}{worst})")
     _keeping_current(out, reps)
     _fleet_caches(out, reps)
     _many_routers(out, reps)

@@ -26,7 +26,7 @@ import trio
 
 import tskv.shells._reader_process as reader_process
 from benchmarks.fleet import publish_workers, router_cpu
-from benchmarks.helpers import child, median_of_runs
+from benchmarks.helpers import child, median_of_runs, runs_said
 from benchmarks.rounds import BLOCK
 from tskv.core.prefix_index import PrefixIndex
 from tskv.shells.watcher import open_watcher
@@ -53,7 +53,7 @@ def reader_section(out: Callable[[str], None], reps: int) -> None:
         return
     out(
         f"\n## A reader process's instructions a batch (callgrind; {WORKERS} workers, "
-        f"{RATE} small rounds/s, {WINDOW:.0f} s; the median of {max(1, reps)} runs)\n"
+        f"{RATE} small rounds/s, {WINDOW:.0f} s; {runs_said(reps)})\n"
     )
     out("| path | instructions a batch | " + " | ".join(name for name, _ in PLACES) + " |")
     out("|---|---|" + "---|" * len(PLACES))

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 import tskv
-from benchmarks.helpers import median_of_runs, percentile
+from benchmarks.helpers import median_of_runs, percentile, runs_said
 
 BLOCK = 16
 PROMPT_BLOCKS = 125  # a 2,000-token prompt
@@ -281,7 +281,7 @@ def service_section(
         with_dynamo = False
     logging.getLogger("tskv").setLevel(logging.ERROR)  # the kill's abandoned replays, expected
     out("\n## tskv serve beside Dynamo's standalone indexer (2,000-token prompts)\n")
-    out(f"Each row: the median of {max(1, reps)} runs.\n")
+    out(f"Each row: {runs_said(reps)}.\n")
     if not with_dynamo:
         out("Dynamo is not installed (pip install ai-dynamo-runtime): its rows are skipped.\n")
     out(
