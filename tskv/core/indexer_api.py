@@ -83,8 +83,20 @@ def _endpoint(data: Mapping[str, Any], name: str, optional: bool) -> str | None:
     return value  # type: ignore[no-any-return]
 
 
+class _OfOneIndex:
+    """A request about one model's index, named by its model and routing group."""
+
+    __slots__ = ()
+    model_name: str
+    routing_group: str
+
+    @property
+    def index(self) -> IndexKey:
+        return self.model_name, self.routing_group
+
+
 @attrs.frozen
-class Registration:
+class Registration(_OfOneIndex):
     """`POST /register`: follow this worker's stream (and replay) in its model's index."""
 
     instance_id: int
@@ -99,10 +111,6 @@ class Registration:
     @property
     def worker(self) -> WorkerKey:
         return self.instance_id, self.dp_rank
-
-    @property
-    def index(self) -> IndexKey:
-        return self.model_name, self.routing_group
 
     @classmethod
     def parse(cls, body: object) -> Registration:
@@ -122,7 +130,7 @@ class Registration:
 
 
 @attrs.frozen
-class Unregistration:
+class Unregistration(_OfOneIndex):
     """`POST /unregister`: one rank of an instance, or all of them (no `dp_rank`)."""
 
     instance_id: int
@@ -156,17 +164,13 @@ def _ints(data: Mapping[str, Any], name: str, bounds: tuple[int, int], said: str
 
 
 @attrs.frozen
-class Query:
+class Query(_OfOneIndex):
     """`POST /query`: which workers hold how much of this prompt's prefix."""
 
     token_ids: list[int]
     model_name: str
     routing_group: str
     lora_name: str | None
-
-    @property
-    def index(self) -> IndexKey:
-        return self.model_name, self.routing_group
 
     @classmethod
     def parse(cls, body: object) -> Query:
@@ -180,16 +184,12 @@ class Query:
 
 
 @attrs.frozen
-class HashQuery:
+class HashQuery(_OfOneIndex):
     """`POST /query_by_hash`: a prefix named by Dynamo's block hashes (`DynamoHashes`)."""
 
     block_hashes: list[int]
     model_name: str
     routing_group: str
-
-    @property
-    def index(self) -> IndexKey:
-        return self.model_name, self.routing_group
 
     @classmethod
     def parse(cls, body: object) -> HashQuery:
@@ -313,7 +313,7 @@ class Registry:
 
     def unregister(self, request: Unregistration) -> tuple[ModelIndex, list[WorkerKey]]:
         """The workers to stop following (404 when none is registered)."""
-        model = self.indexes.get((request.model_name, request.routing_group))
+        model = self.indexes.get(request.index)
         gone = [
             worker
             for worker in ([] if model is None else model.workers)
