@@ -182,19 +182,22 @@ class ScriptedPublisher:
             except frames.FrameError:
                 continue
             client, form = request.client, request.form
+            # Decided as the request is counted: a test that sees the count and then changes
+            # the mode changes how the next request is answered, never this one.
+            mode = self.replay_mode
             asks_state = form in (RequestForm.SNAPSHOT, RequestForm.DESCRIBE)
             if form is RequestForm.DESCRIBE:
                 self.describe_requests += 1
             else:
                 self.replay_requests.append(None if asks_state else request.start_seq)
-            if self.replay_mode == "never":
+            if mode == "never":
                 continue
             await trio.sleep(self.replay_delay)
             layout = self.replay_layout or self.wire_format
             topic = self.topic.encode() if layout == "vllm" else None
             tskv = form is not RequestForm.PLAIN
             said = frames.epoch_note(self.epoch) if tskv else b""
-            if self.replay_mode == "refuse":
+            if mode == "refuse":
                 note = frames.refusal_note("refused by the test's script") if tskv else b""
                 replies = [frames.replay_end(client, topic, note)]
             elif form is RequestForm.SNAPSHOT and self.snapshots:

@@ -265,6 +265,9 @@ async def test_a_replay_refused_for_a_while_still_repairs(
     tskv_scripted: ScriptedPublisher,
 ) -> None:
     tskv_scripted.replay_mode = "refuse"
+    # The mode changes below while the first answer is still on its way: the publisher
+    # decided it when the request came, as a real one does.
+    tskv_scripted.replay_delay = 0.05
     losses: list[Loss] = []
     async with tskv.open_subscriber(
         tskv_scripted.endpoint, tskv_scripted.replay_endpoint, on_loss=losses.append
