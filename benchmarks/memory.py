@@ -90,8 +90,8 @@ def _compiled_core_loop(conn: Connection) -> None:
         conn.send(None)
         return
     table, blocks = core.KeyTable(), core.BlockMap()
-    matcher = core.Matcher(table, Match, 4)
-    matcher.set_workers(("w",), ("w",))
+    matcher = core.Matcher(table, 4)
+    usual = Match({}, frozenset({"w"}), None, None, 4, ("w",))
     held = {hash((PLAIN_ROOT, (1, 2, 3, 4))): 1}
     table.update(held)
     roots = {(None, None): PLAIN_ROOT}
@@ -102,7 +102,8 @@ def _compiled_core_loop(conn: Connection) -> None:
         keys = core.chain(PLAIN_ROOT, [tuple(tokens[:4]), tuple(tokens[4:])])
         assert keys is not None
         table.add_new(keys, 2)
-        matcher(PLAIN_ROOT, [1, 2, 3, 4, *tokens], {"w"})
+        matcher.set_answer(("w",), usual)
+        matcher(PLAIN_ROOT, [1, 2, 3, 4, *tokens])
         core.walk(table, None, PLAIN_ROOT, tokens, 4, [])
         table.let_go(keys, 2)
         ids = [base, base + 1, ("CPU", None, base + 2)]

@@ -185,17 +185,21 @@ def ints_only(tokens: list[Any]) -> bool:
 
 
 def matcher_over(
-    real: dict[int, int], size: int, workers: int | tuple[Any, ...]
+    real: dict[int, int],
+    size: int,
+    workers: int | tuple[Any, ...],
+    stale: frozenset[Any] = frozenset(),
 ) -> tuple[Any, Bits, tuple[Any, ...]]:
-    """A Matcher over a table of `real`, with `workers` workers (or these)."""
+    """A Matcher over a table of `real`, with `workers` workers (or these), told its usual
+    answer as the index tells it (`PrefixIndex._answers_changed`)."""
     bits = Bits()
     known = workers if isinstance(workers, tuple) else tuple(f"w{n}" for n in range(workers))
     for worker in known:
         bits.take(worker)
     table = _compiled.KeyTable()
     table.update(real)
-    matcher = _compiled.Matcher(table, Match, size)
-    matcher.set_workers(bits.by_position, known)
+    matcher = _compiled.Matcher(table, size)
+    matcher.set_answer(bits.by_position, Match({}, stale, None, None, size, known))
     return matcher, bits, known
 
 
@@ -210,8 +214,8 @@ def test_a_whole_query_gives_the_reference_answer(
     walks then)."""
     real, _, root, request, size = case
     stale = {f"w{number}" for number in stale_numbers}
-    matcher, bits, known = matcher_over(real, size, workers)
-    answer = outcome(matcher, root, request, stale)
+    matcher, bits, known = matcher_over(real, size, workers, frozenset(stale))
+    answer = outcome(matcher, root, request)
     if any(mask >> 64 for mask in real.values()):
         assert answer is None
         return
@@ -243,31 +247,50 @@ def test_a_whole_query_declines_what_it_cannot_read_in_c() -> None:
 
     key = hash((PLAIN_ROOT, (1, 2)))
     matcher, _, _ = matcher_over({key: 1}, 2, 1)
-    assert matcher(PLAIN_ROOT, [1, 2], set()) == {"w0": 1}
-    assert matcher(PLAIN_ROOT, (1, 2), set()) is None
-    assert matcher(Id(PLAIN_ROOT), [1, 2], set()) is None
+    assert matcher(PLAIN_ROOT, [1, 2]) == {"w0": 1}
+    assert matcher(PLAIN_ROOT, (1, 2)) is None
+    assert matcher(Id(PLAIN_ROOT), [1, 2]) is None
     for other in ("<image>", True, Id(2), 2.0):
-        assert matcher(PLAIN_ROOT, [1, other], set()) is None
-        assert matcher(PLAIN_ROOT, [9, 9, 3, other], set()) == {}  # the walk stops before it
+        assert matcher(PLAIN_ROOT, [1, other]) is None
+        assert matcher(PLAIN_ROOT, [9, 9, 3, other]) == {}  # the walk stops before it
     for worker in (Seven(), ("w", Seven())):
         matcher, _, _ = matcher_over({key: 1}, 2, (worker,))
-        assert matcher(PLAIN_ROOT, [1, 2], set()) is None
-    matcher, _, _ = matcher_over({key: 1}, 2, (("i", 0), b"w", 1.5, None, True))
-    assert matcher(PLAIN_ROOT, [1, 2], {("i", 0)}) == {("i", 0): 1}
+        assert matcher(PLAIN_ROOT, [1, 2]) is None
+    plain = (("i", 0), b"w", 1.5, None, True)
+    matcher, _, _ = matcher_over({key: 1}, 2, plain, frozenset({("i", 0)}))
+    assert matcher(PLAIN_ROOT, [1, 2]) == {("i", 0): 1}
 
 
-def test_the_stale_set_is_read_as_it_is_when_asked() -> None:
+def test_each_answer_is_a_copy_of_the_usual_answer_its_constructor_made() -> None:
+    """The fields are those `Match(...)` set, whatever they are: a slot the constructor adds
+    reaches every answer with no change to the C. Each answer has dicts of its own; a change
+    to the usual answer after it was given reaches no answer; a new one, every later answer."""
+
+    class Costed(dict[Any, int]):  # Match with one more field, set by its constructor
+        __slots__ = (*Match.__slots__, "cost")
+
+        def __init__(self, stale: frozenset[Any], workers: tuple[Any, ...]) -> None:
+            super().__init__()
+            self.stale, self.workers, self.block_size = stale, workers, 2
+            self.predicted, self.lower, self.cost = {}, {}, ("priced", 3)
+
     key = hash((PLAIN_ROOT, (1, 2)))
-    matcher, _, _ = matcher_over({key: 1}, 2, 2)
-    stale: set[Any] = set()
-    assert matcher(PLAIN_ROOT, [1, 2], stale).stale == frozenset()
-    stale.add("w1")
-    answer = matcher(PLAIN_ROOT, [1, 2], stale)
-    assert answer.stale == frozenset({"w1"}) and answer.workers == ("w0", "w1")
-    stale.clear()  # the answer keeps what was stale when it was made
-    assert answer.stale == frozenset({"w1"})
-    with pytest.raises(TypeError, match="stale is a set"):
-        matcher(PLAIN_ROOT, [1, 2], ["w1"])
+    matcher, bits, known = matcher_over({key: 0b11}, 2, 2)
+    usual = Costed(frozenset({"w1"}), known)
+    matcher.set_answer(bits.by_position, usual)
+    first, second = matcher(PLAIN_ROOT, [1, 2]), matcher(PLAIN_ROOT, [1, 2])
+    assert type(first) is Costed and first == {"w0": 1, "w1": 1}
+    assert (first.stale, first.workers, first.cost) == (frozenset({"w1"}), known, ("priced", 3))
+    assert first.predicted == {} and first.predicted is not second.predicted
+    assert first.lower is not second.lower and first.lower is not usual.lower
+    usual.cost = "changed after"
+    usual.lower["w0"] = 1
+    assert (matcher(PLAIN_ROOT, [1, 2]).cost, matcher(PLAIN_ROOT, [1, 2]).lower) == (
+        ("priced", 3),
+        {},
+    )
+    matcher.set_answer(bits.by_position, Match({}, frozenset(), None, None, 2, known))
+    assert matcher(PLAIN_ROOT, [1, 2]).stale == frozenset() and first.stale == {"w1"}
 
 
 class Emptying:
@@ -303,11 +326,11 @@ def test_token_ids_whose_hash_is_python_code_are_never_hashed_in_c() -> None:
     held = {hash((PLAIN_ROOT, (1, 2, 3, 4))): 1}  # the first block: the walk goes on
     table = _compiled.KeyTable()
     table.update(held)
-    matcher = _compiled.Matcher(table, Match, 4)
-    matcher.set_workers(("w",), ("w",))
+    matcher = _compiled.Matcher(table, 4)
+    matcher.set_answer(("w",), Match({}, frozenset(), None, None, 4, ("w",)))
     for kind in (Emptying, EmptyingInt):
         for walk in (
-            lambda tokens: matcher(PLAIN_ROOT, tokens, set()),
+            lambda tokens: matcher(PLAIN_ROOT, tokens),
             lambda tokens: _compiled.walk(table, None, PLAIN_ROOT, tokens, 4, None),
             lambda tokens: _compiled.walk(held, None, PLAIN_ROOT, tokens, 4, None),
         ):
@@ -487,29 +510,44 @@ def test_a_run_whose_fields_are_python_code_is_declined_unread() -> None:
 
 def test_a_whole_query_names_what_it_refuses() -> None:
     table = _compiled.KeyTable()
-    with pytest.raises(TypeError, match="answer a dict subclass"):
-        _compiled.Matcher(table, list, 1)
+    with pytest.raises(TypeError, match="size at least 1"):
+        _compiled.Matcher(table, 0)
+    with pytest.raises(TypeError, match="no keyword arguments"):
+        _compiled.Matcher(table, size=1)
+    matcher = _compiled.Matcher(table, 1)
+    assert matcher(PLAIN_ROOT, [1]) is None  # no usual answer yet: the pure path answers
+    with pytest.raises(TypeError, match=r"takes \(key, tokens\)"):
+        matcher(0)
+    with pytest.raises(TypeError, match="set_answer"):
+        matcher.set_answer([], Match({}, frozenset()))
+    matcher.set_answer(("w",), Match({}, frozenset({"w"}), None, None, 1, ("w",)))
 
     class Unslotted(dict[Any, int]):
-        stale = workers = block_size = predicted = lower = None
+        pass
 
-    with pytest.raises(AttributeError):  # no __slots__ of its own to compare
-        _compiled.Matcher(table, Unslotted, 1)
+    class Made(dict[Any, int]):
+        def __new__(cls) -> Made:
+            return super().__new__(cls)
 
-    class Grown(dict[Any, int]):  # a slot the Matcher would leave unset: refused, loudly
-        __slots__ = (*Match.__slots__, "cost")
+    class Derived(Match):
+        __slots__ = ()
 
-    with pytest.raises(TypeError, match=r"teach matcher\.h the new one"):
-        _compiled.Matcher(table, Grown, 1)
-    with pytest.raises(TypeError, match="size at least 1"):
-        _compiled.Matcher(table, Match, 0)
-    with pytest.raises(TypeError, match="no keyword arguments"):
-        _compiled.Matcher(table, Match, size=1)
-    matcher = _compiled.Matcher(table, Match, 1)
-    with pytest.raises(TypeError, match=r"takes \(key, tokens, stale\)"):
-        matcher(0)
-    with pytest.raises(TypeError, match="set_workers"):
-        matcher.set_workers([], ())
+    class Open(dict[Any, int]):
+        __slots__ = ("cost", "stale")
+
+    for usual in ([], Unslotted(), Made(), Derived({}, frozenset()), Match({1: 1}, frozenset())):
+        with pytest.raises(TypeError, match="an empty instance of a direct dict subclass"):
+            matcher.set_answer((), usual)
+    unset = Open()
+    unset.stale = frozenset()
+    with pytest.raises(TypeError, match="cost is unset"):
+        matcher.set_answer((), unset)
+    for shared in ([], {"w": 1}, {1}):
+        unset.cost = shared
+        with pytest.raises(TypeError, match=r"cost is .*, which answers would share"):
+            matcher.set_answer((), unset)
+    answer = matcher(PLAIN_ROOT, [1])  # every refusal left it as it was
+    assert (answer, answer.stale, answer.workers) == ({}, {"w"}, ("w",))
 
 
 junk = st.one_of(tokens, st.none(), st.text(max_size=2), st.floats(), st.lists(tokens, max_size=2))
@@ -1078,17 +1116,17 @@ def test_the_matcher_serves_again_once_no_mask_reaches_past_64_workers() -> None
     table = _compiled.KeyTable()
     key = hash((PLAIN_ROOT, (1, 2, 3, 4)))
     table[key] = 1
-    matcher = _compiled.Matcher(table, Match, 4)
-    matcher.set_workers(("w",), ("w",))
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) == {"w": 1}
+    matcher = _compiled.Matcher(table, 4)
+    matcher.set_answer(("w",), Match({}, frozenset(), None, None, 4, ("w",)))
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
     table[key] = (1 << 70) | 1  # a 71st worker holds it too
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) is None  # the general path's to answer
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) is None  # the general path's to answer
     table[key] = 1  # that worker let go of it
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) == {"w": 1}
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
     other = hash((PLAIN_ROOT, (5, 6, 7, 8)))
     table[other] = 1 << 65
     del table[other]
-    assert matcher(PLAIN_ROOT, [1, 2, 3, 4], set()) == {"w": 1}
+    assert matcher(PLAIN_ROOT, [1, 2, 3, 4]) == {"w": 1}
 
 
 def test_each_copy_of_the_module_keeps_its_own_types_and_state() -> None:
@@ -1111,10 +1149,10 @@ def test_each_copy_of_the_module_keeps_its_own_types_and_state() -> None:
     with pytest.raises(TypeError, match="real must be a dict or a KeyTable"):
         again.walk(ours, None, 5, [1, 2], 2, None)  # another module's table: not its type
     with pytest.raises(TypeError):
-        again.Matcher(ours, Match, 2)
-    matcher = again.Matcher(theirs, Match, 2)
-    matcher.set_workers(("w",), ("w",))
-    assert matcher(5, [1, 2], set()) == {"w": 1}
+        again.Matcher(ours, 2)
+    matcher = again.Matcher(theirs, 2)
+    matcher.set_answer(("w",), Match({}, frozenset(), None, None, 2, ("w",)))
+    assert matcher(5, [1, 2]) == {"w": 1}
     assert again.read_plain(b"\x93\xcb" + bytes(8) + b"\x90\xc0", 4) == (0.0, None, [])
 
 

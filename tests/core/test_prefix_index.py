@@ -268,8 +268,13 @@ def test_stale_workers_are_named_until_a_clear_or_mark_current() -> None:
     index.apply("a", [AllBlocksCleared(), chain([1, 1], [1])])  # a snapshot starts so
     assert index.match([1, 1]).stale == frozenset()
     index.mark_stale("b")
+    assert index.match([1, 1]).stale == {"b"}
     index.mark_current("b")
-    assert not index.stale
+    assert not index.stale and index.match([1, 1]).stale == frozenset()
+    index.mark_stale("a")
+    index.remove_worker("a")
+    answer = index.match([1, 1])
+    assert (answer, answer.stale, answer.workers) == ({"b": 1}, frozenset(), ("b",))
 
 
 def test_removed_workers_free_their_slot_and_blocks() -> None:

@@ -11,7 +11,7 @@ maps.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tskv.core import compiled
@@ -23,7 +23,7 @@ from tskv.core.predictions import Predictions
 from tskv.core.tiers import BlockId, BlockKeys, Tier
 
 if TYPE_CHECKING:
-    from tskv.core._compiled import KeyTable, Matcher
+    from tskv.core._compiled import KeyTable
 
 Worker = Hashable  # e.g. ("worker-a", 0): a name or endpoint, and the data-parallel rank
 MASK_CACHE = 4096  # masks whose workers are remembered for answers
@@ -187,7 +187,8 @@ class Holdings:
         self.bits = Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridBlocks
         self.predictions = predictions  # a real block replaces its prediction
-        self.matcher: Matcher | None = None  # the index's usual match, told when workers change
+        # what the index does when its workers change (a PrefixIndex tells its Matcher)
+        self.on_workers_changed: Callable[[], None] | None = None
 
     def blocks_of(self, worker: Worker) -> WorkerBlocks:
         worker_blocks = self.workers.get(worker)
@@ -198,8 +199,8 @@ class Holdings:
 
     def _workers_changed(self) -> None:
         self.known = tuple(self.workers)
-        if self.matcher is not None:
-            self.matcher.set_workers(self.bits.by_position, self.known)
+        if self.on_workers_changed is not None:
+            self.on_workers_changed()
 
     def __len__(self) -> int:
         """Distinct keys held by any worker (0 where no holders are kept: a journal)."""

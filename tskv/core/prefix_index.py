@@ -92,13 +92,12 @@ class Match(dict[Worker, int]):
 def _matcher_for(holdings: Holders) -> Matcher | None:
     """The compiled core's `Matcher` for an index, where this process has the core: a usual
     query (`PrefixIndex.match` decides which are) in one call, which walks, counts and makes
-    the `Match` (it refuses a `Match` whose slots are not the ones it fills); it declines
-    (None) token ids that are not a list of exact ints, which the general path keys (a string
-    as its digest). The holdings, which keep it too, tell it when the workers change."""
+    the `Match` as a copy of the usual answer the index gives it (`PrefixIndex._answers_changed`);
+    it declines (None) token ids that are not a list of exact ints, which the general path
+    keys (a string as its digest)."""
     if holdings.table is None or compiled.core is None:
         return None
-    matcher: Matcher = compiled.core.Matcher(holdings.table, Match, holdings.block_size)
-    matcher.set_workers(holdings.bits.by_position, holdings.known)
+    matcher: Matcher = compiled.core.Matcher(holdings.table, holdings.block_size)
     return matcher
 
 
@@ -395,10 +394,8 @@ class BlockIndex:
         for change in changes:
             if change is ViewChange.CLEAR:
                 self.clear_worker(worker)
-            elif change is ViewChange.STALE:
-                self._stale.add(worker)
             else:
-                self._stale.discard(worker)
+                self._set_stale(worker, change is ViewChange.STALE)
 
     def clear_worker(self, worker: Worker) -> None:
         """Forget what `worker` holds (its engine restarted with an empty cache), keeping it."""
@@ -418,7 +415,19 @@ class BlockIndex:
         if self.dynamo is not None:
             self.dynamo.drop(worker)
         self._views.pop(worker, None)
-        self._stale.discard(worker)
+        self._set_stale(worker, False)
+
+    def _set_stale(self, worker: Worker, stale: bool) -> None:
+        """The one place the stale workers change: answers carry them."""
+        if stale:
+            self._stale.add(worker)
+        else:
+            self._stale.discard(worker)
+        self._answers_changed()
+
+    def _answers_changed(self) -> None:
+        """The workers, or the stale ones, changed: what an index's answers carry (nothing
+        to do here; a `PrefixIndex` tells its Matcher)."""
 
     # -- what the index holds ---------------------------------------------------------------
 
@@ -493,8 +502,18 @@ class PrefixIndex(BlockIndex):
         super().__init__(holdings, predictions, dynamo_hashes)
         self._holders = holdings
         self._mirror = Mirror(holdings)
-        matcher = _matcher_for(holdings)
-        self._matcher = holdings.matcher = matcher  # here: one attribute a query reads
+        self._matcher = _matcher_for(holdings)
+        holdings.on_workers_changed = self._answers_changed
+        self._answers_changed()
+
+    def _answers_changed(self) -> None:
+        """Give the Matcher the workers and the answer every usual match starts as, made by
+        `Match`'s constructor (the Matcher copies it, counts filled in): whenever the workers
+        or the stale ones change."""
+        if self._matcher is not None:
+            holdings = self._holdings
+            usual = Match({}, frozenset(self._stale), None, None, self.block_size, holdings.known)
+            self._matcher.set_answer(holdings.bits.by_position, usual)
 
     def apply_changes(
         self,
@@ -538,7 +557,7 @@ class PrefixIndex(BlockIndex):
         if matcher and extra_keys is None and mm_keys is None and not general:
             plain = lora_name is None and cache_salt is None
             key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
-            answer: Match | None = matcher(key, token_ids, self._stale)
+            answer: Match | None = matcher(key, token_ids)
             if answer is not None:
                 return answer
         if type(token_ids) is not list and (  # a list, the usual: no check against the ABC

@@ -2,15 +2,17 @@
 
 PrefixIndex.match for a request with no per-block identity, on a table whose masks fit 64
 bits: one call walks, counts and makes the prefix_index.Match, as prefix_index.counts_of would
-count a plain walk's changes. It keeps only what it was given: the table, the Match type, and
-the worker of each bit (set_workers). Whether a query is a usual one (no worker hybrid, none
-hashing with lookahead, no predictions in force) is the index's to decide, in one place
-(PrefixIndex.match), before it calls: the Matcher reads none of the index's containers, so
-none can change under it unnoticed. It declines (None) what the pure path must answer: token
-ids that are not a list of exact ints (a string, which the index keys as its digest; an int
-subclass, whose hash may be its own), a root key that is not an exact int, a worker whose hash
-is not C's own (plain_worker), a table with masks past 64 bits. So no Python code runs from the
-moment it reads the request to the moment it returns the Match. */
+count a plain walk's changes. It keeps only what it was given (set_answer): the table, the
+worker of each bit, and the usual answer, a Match with no counts that Match's own constructor
+made; each answer is a copy of it with the counts filled in. Whether a query is a usual one (no
+worker hybrid, none hashing with lookahead, no predictions in force) is the index's to decide,
+in one place (PrefixIndex.match), before it calls: the Matcher reads none of the index's
+containers and none of Match's field names, so neither can change under it unnoticed. It
+declines (None) what the pure path must answer: token ids that are not a list of exact ints (a
+string, which the index keys as its digest; an int subclass, whose hash may be its own), a root
+key that is not an exact int, a worker whose hash is not C's own (plain_worker), a table with
+masks past 64 bits. So no Python code runs from the moment it reads the request to the moment
+it returns the Match. */
 
 /* Whether hashing and comparing `obj` runs no Python code: an exact int, str, bytes, float or
    bool, None, or an exact tuple of such, nested at most CONTENT_DEPTH deep. */
@@ -32,28 +34,16 @@ plain_worker(PyObject *obj, int depth)
     return 1;
 }
 
-/* The slots of prefix_index.Match the Matcher fills, and nothing else: Matcher_new refuses an
-   answer type whose slots are not exactly these, so a slot added to Match is a loud error where
-   the Matcher is made, never a Match left half made. The Match is made as dict.__new__ makes it
-   and its slots set as their own descriptors set them: Match.__init__'s frame cost a cold
-   router more than the rest of a short match (docs/performance.md, "The compiled core"). */
-enum { STALE, WORKERS, BLOCK_SIZE, PREDICTED, LOWER, ANSWER_SLOTS };
-static const char *const ANSWER_SLOT_NAME[ANSWER_SLOTS] = {
-    "stale", "workers", "block_size", "predicted", "lower",
-};
-
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     KeyTable *table;
-    PyTypeObject *answer;         /* prefix_index.Match: a dict subclass with those slots */
-    PyObject *slot[ANSWER_SLOTS]; /* its member descriptors */
     Py_ssize_t block_size;
-    PyObject *size;        /* the same, an int, for the answer */
     PyObject *by_position; /* the worker of each bit (None: a free one), a tuple */
-    PyObject *known;       /* every worker, a tuple */
+    PyTypeObject *answer;  /* the usual answer's type (set_answer); NULL: not told yet */
+    PyObject *fields;      /* its slots' values, in the type's member order (see new_answer) */
+    PyObject *no_args;     /* (): what the answer's type is made from */
     int plain_workers;     /* every worker hashes and compares in C (plain_worker) */
-    PyObject *no_stale;    /* frozenset(): the usual answer's stale */
 } Matcher;
 
 
@@ -77,81 +67,121 @@ count_changes(PyObject *counts, PyObject *workers, const Change *changes, Py_ssi
     return active ? count_workers(counts, workers, active, blocks) : 0;
 }
 
-/* A new Match with no counts yet, `stale` frozen as it is now: made as dict.__new__ makes
-   it, each slot set as its own descriptor sets it (see ANSWER_SLOT_NAME). */
-static PyObject *
-new_answer(Matcher *m, PyObject *stale)
+/* The answer's fields are the ones Match's own constructor set on the usual answer, whatever
+   they are: the Matcher copies each of its type's slots, and makes each dict among them anew,
+   so that no two answers share one. So Match's fields have one author, its constructor, and a
+   field added there reaches every answer with no line here; yet no Python code runs for an
+   answer, where a constructor's frame would cost a cold router more than the rest of a short
+   match (docs/performance.md, "The compiled core"). set_answer refuses what a copy would not
+   keep apart: a type with a __dict__, a slot left unset, a mutable value other than an empty
+   dict. */
+
+/* Whether every answer can take `value` as it is: an immutable container or scalar can be
+   shared by them, and an empty dict is made anew for each (copying a full one could compare
+   keys, which is Python code). */
+static int
+copyable(PyObject *value)
 {
-    PyObject *none = PyTuple_New(0);
-    PyObject *made = none == NULL ? NULL : m->answer->tp_new(m->answer, none, NULL);
-    Py_XDECREF(none);
-    PyObject *value[ANSWER_SLOTS] = {NULL};
-    value[STALE] = PySet_GET_SIZE(stale) ? PyFrozenSet_New(stale) : Py_NewRef(m->no_stale);
-    value[WORKERS] = Py_NewRef(m->known);
-    value[BLOCK_SIZE] = Py_NewRef(m->size);
-    value[PREDICTED] = PyDict_New();
-    value[LOWER] = PyDict_New();
-    int failed = made == NULL;
-    for (int s = 0; s < ANSWER_SLOTS; s++) {
-        failed = failed || value[s] == NULL ||
-                 PyMember_SetOne((char *)made, ((PyMemberDescrObject *)m->slot[s])->d_member,
-                                 value[s]) < 0;
-        Py_XDECREF(value[s]);
-    }
-    if (failed) {
-        Py_XDECREF(made);
+    return value == Py_None || PyLong_CheckExact(value) || PyBool_Check(value) ||
+           PyFloat_CheckExact(value) || PyUnicode_CheckExact(value) || PyBytes_CheckExact(value) ||
+           PyTuple_CheckExact(value) || PyFrozenSet_CheckExact(value) ||
+           (PyDict_CheckExact(value) && PyDict_GET_SIZE(value) == 0);
+}
+
+/* A new answer with no counts yet: the usual one copied, slot by slot, each dict made anew.
+   It reads the fields set_answer took, not the usual answer, which its maker still holds. */
+static PyObject *
+new_answer(Matcher *m)
+{
+    PyTypeObject *type = m->answer;
+    PyObject *made = type->tp_new(type, m->no_args, NULL);
+    if (made == NULL) {
         return NULL;
+    }
+    Py_ssize_t field = 0;
+    for (PyMemberDef *slot = type->tp_members; slot->name != NULL; slot++, field++) {
+        assert(field < PyTuple_GET_SIZE(m->fields));
+        PyObject *value = PyTuple_GET_ITEM(m->fields, field);
+        PyObject *copy = PyDict_CheckExact(value) ? PyDict_New() : Py_NewRef(value);
+        if (copy == NULL) {
+            Py_DECREF(made);
+            return NULL;
+        }
+        Py_XSETREF(*(PyObject **)((char *)made + slot->offset), copy);
     }
     return made;
 }
 
-/* Whether `answer`'s own __slots__ are exactly ANSWER_SLOT_NAME; -1 with an exception set. */
-static int
-slots_are_the_answers(PyObject *answer)
+/* The values new_answer copies, from `usual`'s slots (its dicts not shared, so that a change
+   to the usual answer after set_answer reaches no answer): a new tuple, or NULL with an
+   exception naming what new_answer could not copy. */
+static PyObject *
+answer_fields(PyObject *usual)
 {
-    PyObject *slots = PyObject_GetAttrString(answer, "__slots__");
-    PyObject *names = slots == NULL ? NULL : PySequence_Fast(slots, "__slots__");
-    Py_XDECREF(slots);
-    if (names == NULL) {
-        return -1;
-    }
-    int same = PySequence_Fast_GET_SIZE(names) == ANSWER_SLOTS;
-    for (int s = 0; same && s < ANSWER_SLOTS; s++) {
-        int found = 0;
-        for (Py_ssize_t n = 0; n < PySequence_Fast_GET_SIZE(names); n++) {
-            PyObject *name = PySequence_Fast_GET_ITEM(names, n);
-            found = found || (PyUnicode_Check(name) &&
-                              PyUnicode_CompareWithASCIIString(name, ANSWER_SLOT_NAME[s]) == 0);
-        }
-        same = found;
-    }
-    if (!same) {
+    PyTypeObject *type = Py_TYPE(usual);
+    if (!PyDict_Check(usual) || type->tp_base != &PyDict_Type || type->tp_dictoffset != 0 ||
+        type->tp_new != PyDict_Type.tp_new || type->tp_members == NULL ||
+        PyDict_GET_SIZE(usual) != 0) {
         PyErr_Format(PyExc_TypeError,
-                     "Matcher: the answer type's __slots__ are %R; it fills stale, workers, "
-                     "block_size, predicted and lower, and a slot it does not fill would be "
-                     "left unset: teach matcher.h the new one",
-                     names);
+                     "Matcher.set_answer: the usual answer must be an empty instance of a "
+                     "direct dict subclass with no __new__ and all its fields in __slots__, "
+                     "not %R",
+                     usual);
+        return NULL;
     }
-    Py_DECREF(names);
-    return same ? 1 : -1;
+    Py_ssize_t count = 0;
+    for (PyMemberDef *slot = type->tp_members; slot->name != NULL; slot++) {
+        count++;
+    }
+    PyObject *fields = PyTuple_New(count);
+    Py_ssize_t field = 0;
+    for (PyMemberDef *slot = type->tp_members; fields && slot->name != NULL; slot++, field++) {
+        if (slot->type != T_OBJECT_EX || (slot->flags & READONLY)) {
+            PyErr_Format(PyExc_TypeError,
+                         "Matcher.set_answer: the usual answer's %s is not a plain __slots__ "
+                         "field", slot->name);
+            Py_CLEAR(fields);
+            break;
+        }
+        PyObject *value = *(PyObject **)((char *)usual + slot->offset);
+        if (value == NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         "Matcher.set_answer: the usual answer's %s is unset; its constructor "
+                         "must set every slot", slot->name);
+            Py_CLEAR(fields);
+            break;
+        }
+        if (!copyable(value)) {
+            PyErr_Format(PyExc_TypeError,
+                         "Matcher.set_answer: the usual answer's %s is %R, which answers "
+                         "would share; make it an empty dict (each answer gets its own) or "
+                         "an immutable value",
+                         slot->name, value);
+            Py_CLEAR(fields);
+            break;
+        }
+        PyObject *copy = PyDict_CheckExact(value) ? PyDict_New() : Py_NewRef(value);
+        if (copy == NULL) {
+            Py_CLEAR(fields);
+            break;
+        }
+        PyTuple_SET_ITEM(fields, field, copy);
+    }
+    return fields;
 }
 
-/* matcher(key, tokens, stale) -> Match | None: the usual match from root key `key`, `stale`
-   the index's set of stale workers as it is now, or None where the pure path answers (see
-   above). */
+/* matcher(key, tokens) -> Match | None: the usual match from root key `key`, or None where
+   the pure path answers (see above) or no usual answer was set yet. */
 static PyObject *
 Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Matcher *m = (Matcher *)self;
-    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames != NULL) {
-        return PyErr_Format(PyExc_TypeError, "a Matcher takes (key, tokens, stale)");
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) {
+        return PyErr_Format(PyExc_TypeError, "a Matcher takes (key, tokens)");
     }
-    PyObject *key = args[0], *tokens = args[1], *stale = args[2];
-    if (!PyAnySet_Check(stale)) {
-        return PyErr_Format(PyExc_TypeError, "a Matcher's stale is a set, not %R", stale);
-    }
+    PyObject *key = args[0], *tokens = args[1];
     if (!PyList_CheckExact(tokens) || !PyLong_CheckExact(key) || m->table->high != NULL ||
-        !m->plain_workers) {
+        !m->plain_workers || m->answer == NULL) {
         Py_RETURN_NONE;
     }
     Py_ssize_t blocks = PyList_GET_SIZE(tokens) / m->block_size;
@@ -162,18 +192,18 @@ Matcher_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwn
     if (found == DECLINED) {
         Py_RETURN_NONE;
     }
-    PyObject *counts = found < 0 ? NULL : new_answer(m, stale);
+    PyObject *counts = found < 0 ? NULL : new_answer(m);
     if (counts != NULL && count_changes(counts, m->by_position, changes, found, blocks) < 0) {
         Py_CLEAR(counts);
     }
     return counts;
 }
 
-/* Matcher(table, answer, size) */
+/* Matcher(table, size) */
 static PyObject *
 Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *table, *answer;
+    PyObject *table;
     Py_ssize_t size;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         return PyErr_Format(PyExc_TypeError, "Matcher takes no keyword arguments");
@@ -182,16 +212,12 @@ Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (state == NULL) {
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!On:Matcher", state->key_table, &table, &answer, &size)) {
+    if (!PyArg_ParseTuple(args, "O!n:Matcher", state->key_table, &table, &size)) {
         return NULL;
     }
-    if (!PyType_Check(answer) || !PyType_IsSubtype((PyTypeObject *)answer, &PyDict_Type) ||
-        size < 1) {
-        return PyErr_Format(PyExc_TypeError, "Matcher(table, answer, size): positional only, "
-                            "answer a dict subclass, size at least 1");
-    }
-    if (slots_are_the_answers(answer) < 0) {
-        return NULL;
+    if (size < 1) {
+        return PyErr_Format(PyExc_TypeError, "Matcher(table, size): size at least 1, not %zd",
+                            size);
     }
     Matcher *m = (Matcher *)type->tp_alloc(type, 0);
     if (m == NULL) {
@@ -199,46 +225,38 @@ Matcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     m->vectorcall = Matcher_call;
     m->table = (KeyTable *)Py_NewRef(table);
-    m->answer = (PyTypeObject *)Py_NewRef(answer);
     m->block_size = size;
     m->by_position = PyTuple_New(0);
-    m->known = PyTuple_New(0);
+    m->no_args = PyTuple_New(0);
     m->plain_workers = 1;
-    m->size = PyLong_FromSsize_t(size);
-    m->no_stale = PyFrozenSet_New(NULL);
-    int failed = !m->by_position || !m->known || !m->size || !m->no_stale;
-    for (int s = 0; s < ANSWER_SLOTS && !failed; s++) {
-        m->slot[s] = PyObject_GetAttrString(answer, ANSWER_SLOT_NAME[s]);
-        failed = m->slot[s] == NULL;
-        if (!failed && (!Py_IS_TYPE(m->slot[s], &PyMemberDescr_Type) ||
-                        ((PyMemberDescrObject *)m->slot[s])->d_member->type != T_OBJECT_EX)) {
-            PyErr_Format(PyExc_TypeError, "Matcher: answer's %s must be a slot",
-                         ANSWER_SLOT_NAME[s]);
-            failed = 1;
-        }
-    }
-    if (failed) {
+    if (m->by_position == NULL || m->no_args == NULL) {
         Py_DECREF(m);
         return NULL;
     }
     return (PyObject *)m;
 }
 
-/* set_workers(by_position, known): the index's workers changed. */
+/* set_answer(by_position, usual): the index's workers, or what its answers start as, changed:
+   the worker of each bit, and an answer with no counts that the answer type's constructor
+   made. */
 static PyObject *
-Matcher_set_workers(Matcher *m, PyObject *args)
+Matcher_set_answer(Matcher *m, PyObject *args)
 {
-    PyObject *by_position, *known;
-    if (!PyArg_ParseTuple(args, "O!O!:set_workers", &PyTuple_Type, &by_position, &PyTuple_Type,
-                          &known)) {
+    PyObject *by_position, *usual;
+    if (!PyArg_ParseTuple(args, "O!O:set_answer", &PyTuple_Type, &by_position, &usual)) {
+        return NULL;
+    }
+    PyObject *fields = answer_fields(usual);
+    if (fields == NULL) {
         return NULL;
     }
     int plain = 1;
-    for (Py_ssize_t i = 0; plain && i < PyTuple_GET_SIZE(known); i++) {
-        plain = plain_worker(PyTuple_GET_ITEM(known, i), 0);
+    for (Py_ssize_t i = 0; plain && i < PyTuple_GET_SIZE(by_position); i++) {
+        plain = plain_worker(PyTuple_GET_ITEM(by_position, i), 0);
     }
     Py_SETREF(m->by_position, Py_NewRef(by_position));
-    Py_SETREF(m->known, Py_NewRef(known));
+    Py_XSETREF(m->answer, (PyTypeObject *)Py_NewRef(Py_TYPE(usual)));
+    Py_XSETREF(m->fields, fields);
     m->plain_workers = plain;
     Py_RETURN_NONE;
 }
@@ -248,14 +266,10 @@ Matcher_traverse(Matcher *m, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(m)); /* a heap type's instance holds its type */
     Py_VISIT(m->table);
-    Py_VISIT(m->answer);
-    for (int s = 0; s < ANSWER_SLOTS; s++) {
-        Py_VISIT(m->slot[s]);
-    }
-    Py_VISIT(m->size);
     Py_VISIT(m->by_position);
-    Py_VISIT(m->known);
-    Py_VISIT(m->no_stale);
+    Py_VISIT(m->answer);
+    Py_VISIT(m->fields);
+    Py_VISIT(m->no_args);
     return 0;
 }
 
@@ -263,14 +277,10 @@ static int
 Matcher_clear(Matcher *m)
 {
     Py_CLEAR(m->table);
-    Py_CLEAR(m->answer);
-    for (int s = 0; s < ANSWER_SLOTS; s++) {
-        Py_CLEAR(m->slot[s]);
-    }
-    Py_CLEAR(m->size);
     Py_CLEAR(m->by_position);
-    Py_CLEAR(m->known);
-    Py_CLEAR(m->no_stale);
+    Py_CLEAR(m->answer);
+    Py_CLEAR(m->fields);
+    Py_CLEAR(m->no_args);
     return 0;
 }
 
@@ -283,8 +293,8 @@ Matcher_dealloc(Matcher *m)
 }
 
 static PyMethodDef Matcher_methods[] = {
-    {"set_workers", (PyCFunction)Matcher_set_workers, METH_VARARGS,
-     "set_workers(by_position, known): the index's workers changed."},
+    {"set_answer", (PyCFunction)Matcher_set_answer, METH_VARARGS,
+     "set_answer(by_position, usual): the workers, or what every answer starts as, changed."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -294,8 +304,7 @@ static PyMemberDef Matcher_members[] = {
 };
 
 static PyType_Slot Matcher_slots[] = {
-    {Py_tp_doc, "The usual PrefixIndex.match in one call: matcher(key, tokens, stale) -> Match "
-                "| None."},
+    {Py_tp_doc, "The usual PrefixIndex.match in one call: matcher(key, tokens) -> Match | None."},
     {Py_tp_new, Matcher_new},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_traverse, Matcher_traverse},
