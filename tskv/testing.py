@@ -52,7 +52,8 @@ class ScriptedPublisher:
 
     Settings (change them at any time): `wire_format` ("tokenspeed" or "vllm": how payloads
     are encoded and replies laid out), `replay_mode` ("answer", "never", or "refuse": end every
-    request at once with a refusal, as a publisher over its replay limits does), `replay_delay`
+    request at once with a refusal, as a publisher over its replay limits does; read as each
+    request arrives), `replay_delay`
     (seconds before each answer starts), `replay_layout` (None: as `wire_format`; or
     "tokenspeed": `["", seq, payload]`, "vllm": `["", topic, seq, payload]`, to mix the two),
     `rank` (put in each batch), `snapshots` (True: serve snapshot requests from the state the
