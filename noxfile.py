@@ -60,6 +60,7 @@ def tests(session: nox.Session) -> None:
         pure = [
             "tests/core/test_block_keys.py",
             "tests/core/test_compiled.py",
+            "tests/core/test_fast_path.py",
             "tests/core/test_hybrid_groups.py",
             "tests/core/test_predictions.py",
             "tests/core/test_prefix_index.py",
@@ -71,6 +72,7 @@ def tests(session: nox.Session) -> None:
 
 SANITIZED = [  # the compiled core's own tests, and the index's oracle tests that drive it
     "tests/core/test_compiled.py",
+    "tests/core/test_fast_path.py",
     "tests/core/test_prefix_index.py",
     "tests/core/test_block_keys.py",
     "tests/core/test_hybrid_groups.py",

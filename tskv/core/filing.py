@@ -236,7 +236,7 @@ class Filing:
             if worker_blocks.first is not None:
                 hybrid.groups.set(*worker_blocks.first)
                 worker_blocks.first = None
-            self.holdings.hybrids[worker] = worker_blocks
+            self.holdings.make_hybrid(worker, worker_blocks)
         return hybrid
 
     def store_hybrid(

@@ -187,7 +187,8 @@ class Holdings:
         self.bits = Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridBlocks
         self.predictions = predictions  # a real block replaces its prediction
-        # what the index does when its workers change (a PrefixIndex tells its Matcher)
+        # what the index does when its workers change, or which of them are hybrid (a
+        # PrefixIndex tells its Matcher, and opens or closes its fast path)
         self.on_workers_changed: Callable[[], None] | None = None
 
     def blocks_of(self, worker: Worker) -> WorkerBlocks:
@@ -196,6 +197,11 @@ class Holdings:
             worker_blocks = self.workers[worker] = WorkerBlocks(self.bits.take(worker))
             self._workers_changed()
         return worker_blocks
+
+    def make_hybrid(self, worker: Worker, worker_blocks: WorkerBlocks) -> None:
+        """`worker`'s blocks are kept as a hybrid model's (`worker_blocks.hybrid`) from here on."""
+        self.hybrids[worker] = worker_blocks
+        self._workers_changed()
 
     def _workers_changed(self) -> None:
         self.known = tuple(self.workers)
@@ -403,7 +409,7 @@ class Mirror:
         if ops:
             if worker_blocks.hybrid is None:
                 worker_blocks.hybrid = HybridBlocks(holders.block_size)
-                holders.hybrids[worker] = worker_blocks
+                holders.make_hybrid(worker, worker_blocks)
             if any(op[0] == "begin" for op in ops):  # its tiers count every copy from here
                 worker_blocks.extra_refs.clear()
             taken, let_go = worker_blocks.hybrid.mirror(ops)

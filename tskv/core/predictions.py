@@ -30,6 +30,9 @@ class Predictions:
         self._order = 0
         self._queued = 0  # keys in the queue's entries, superseded ones included
         self._by_bit: dict[int, set[int]] = {}
+        # told when predictions come into force (none were) and when none remain: the index's
+        # fast path walks the real blocks only
+        self.on_in_force_changed: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -39,6 +42,7 @@ class Predictions:
         expiry = now + ttl
         self.expire(now)
         masks, owner = self.masks, self._owner
+        none_in_force = not masks
         mine = self._by_bit.setdefault(bit, set())
         added = list(keys)
         self._order += 1
@@ -47,6 +51,8 @@ class Predictions:
                 masks[key] = masks.get(key, 0) | bit
                 mine.add(key)
             owner[bit, key] = self._order
+        if none_in_force and masks:
+            self._in_force_changed()
         if not mine:
             del self._by_bit[bit]
         self._push(expiry, self._order, bit, added)
@@ -95,10 +101,16 @@ class Predictions:
             self.masks[key] = mask
         else:
             del self.masks[key]
+            if not self.masks:
+                self._in_force_changed()
         keys = self._by_bit[bit]
         keys.discard(key)
         if not keys:
             del self._by_bit[bit]
+
+    def _in_force_changed(self) -> None:
+        if self.on_in_force_changed is not None:
+            self.on_in_force_changed()
 
     def forget(self, bit: int) -> None:
         """The worker's cache was cleared, or the worker removed: none of its predictions hold."""

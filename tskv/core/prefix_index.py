@@ -342,8 +342,7 @@ class BlockIndex:
             events = batch.events if isinstance(batch, KVEventBatch) else batch
             filed = self._filing.apply(worker, events)
         self._strings = self._strings or filed.strings
-        if filed.lookahead:
-            self._lookaheads.add(filed.lookahead)
+        self._add_lookahead(filed.lookahead)
         if filed.cleared:
             self.carry_out(worker, self.worker_view(worker).reset_applied())
 
@@ -417,6 +416,12 @@ class BlockIndex:
         self._views.pop(worker, None)
         self._set_stale(worker, False)
 
+    def _add_lookahead(self, lookahead: int) -> None:
+        """A worker's engine hashes `lookahead` tokens after each block (0: none)."""
+        if lookahead and lookahead not in self._lookaheads:
+            self._lookaheads.add(lookahead)
+            self._answers_changed()
+
     def _set_stale(self, worker: Worker, stale: bool) -> None:
         """The one place the stale workers change: answers carry them."""
         if stale:
@@ -426,8 +431,8 @@ class BlockIndex:
         self._answers_changed()
 
     def _answers_changed(self) -> None:
-        """The workers, or the stale ones, changed: what an index's answers carry (nothing
-        to do here; a `PrefixIndex` tells its Matcher)."""
+        """What a query's answer depends on changed: the workers, the stale ones, which are
+        hybrid, the lookaheads (nothing to do here; a `PrefixIndex` tells its Matcher)."""
 
     # -- what the index holds ---------------------------------------------------------------
 
@@ -503,17 +508,27 @@ class PrefixIndex(BlockIndex):
         self._holders = holdings
         self._mirror = Mirror(holdings)
         self._matcher = _matcher_for(holdings)
+        # The fast path's one state: the Matcher while a query with no per-block identity is
+        # a usual one (no worker hybrid, none hashing with lookahead, no predictions in
+        # force), None while it is not; set again wherever one of those changes.
+        self._fast: Matcher | None = None
         holdings.on_workers_changed = self._answers_changed
+        predictions.on_in_force_changed = self._fast_path_changed
         self._answers_changed()
 
     def _answers_changed(self) -> None:
         """Give the Matcher the workers and the answer every usual match starts as, made by
-        `Match`'s constructor (the Matcher copies it, counts filled in): whenever the workers
-        or the stale ones change."""
+        `Match`'s constructor (the Matcher copies it, counts filled in), and open or close
+        the fast path."""
         if self._matcher is not None:
             holdings = self._holdings
             usual = Match({}, frozenset(self._stale), None, None, self.block_size, holdings.known)
             self._matcher.set_answer(holdings.bits.by_position, usual)
+        self._fast_path_changed()
+
+    def _fast_path_changed(self) -> None:
+        general = self._holdings.hybrids or self._lookaheads or self._predictions.masks
+        self._fast = None if general else self._matcher
 
     def apply_changes(
         self,
@@ -531,8 +546,7 @@ class PrefixIndex(BlockIndex):
         self._strings = self._strings or strings
         worker_blocks = self._holdings.blocks_of(worker)
         worker_blocks.lookahead = lookahead
-        if lookahead:
-            self._lookaheads.add(lookahead)
+        self._add_lookahead(lookahead)
         self._mirror.apply(worker, worker_blocks, runs, ops)
 
     # -- the router's side ------------------------------------------------------------------
@@ -549,15 +563,11 @@ class PrefixIndex(BlockIndex):
         """For each worker, how many of the request's leading full blocks it holds. The
         request's identity beside its tokens (LoRA, salt, per-block extra and multimodal keys)
         must be given as its engine would see it, or its blocks are other blocks."""
-        matcher, holdings = self._matcher, self._holdings  # the compiled core's (`_matcher_for`)
-        # The one place that decides what a usual query is (no per-block identity, no worker
-        # hybrid or hashing with lookahead, no predictions in force): the Matcher reads none of
-        # it, and declines only what it cannot read in C (token ids other than exact ints).
-        general = holdings.hybrids or self._lookaheads or holdings.predictions.masks
-        if matcher and extra_keys is None and mm_keys is None and not general:
+        fast = self._fast  # the Matcher, where the fast path is open (`_fast_path_changed`)
+        if fast is not None and extra_keys is None and mm_keys is None:
             plain = lora_name is None and cache_salt is None
             key = PLAIN_ROOT if plain else root_key(lora_name, cache_salt)
-            answer: Match | None = matcher(key, token_ids)
+            answer: Match | None = fast(key, token_ids)  # None: what it cannot read in C
             if answer is not None:
                 return answer
         if type(token_ids) is not list and (  # a list, the usual: no check against the ABC

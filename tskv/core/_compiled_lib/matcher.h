@@ -5,9 +5,10 @@ bits: one call walks, counts and makes the prefix_index.Match, as prefix_index.c
 count a plain walk's changes. It keeps only what it was given (set_answer): the table, the
 worker of each bit, and the usual answer, a Match with no counts that Match's own constructor
 made; each answer is a copy of it with the counts filled in. Whether a query is a usual one (no
-worker hybrid, none hashing with lookahead, no predictions in force) is the index's to decide,
-in one place (PrefixIndex.match), before it calls: the Matcher reads none of the index's
-containers and none of Match's field names, so neither can change under it unnoticed. It
+worker hybrid, none hashing with lookahead, no predictions in force) is the index's to keep, in
+one state (PrefixIndex._fast, set again wherever one of those changes), and it calls the Matcher
+only while that is open: the Matcher reads none of the index's containers and none of Match's
+field names, so neither can change under it unnoticed. It
 declines (None) what the pure path must answer: token ids that are not a list of exact ints (a
 string, which the index keys as its digest; an int subclass, whose hash may be its own), a root
 key that is not an exact int, a worker whose hash is not C's own (plain_worker), a table with
