@@ -364,11 +364,8 @@ class BlockIndex:
         """The KV cache groups the index knows `worker` has, learned or told (none: a plain
         worker, one group of full attention, or its events never named one)."""
         worker_blocks = self._holdings.workers.get(worker)
-        return (
-            {}
-            if worker_blocks is None or worker_blocks.hybrid is None
-            else dict(worker_blocks.hybrid.groups.groups)
-        )
+        hybrid = None if worker_blocks is None else worker_blocks.hybrid
+        return {} if hybrid is None else dict(hybrid.groups.groups)
 
     def mark_stale(self, worker: Worker) -> None:
         """The worker's view is incomplete (a loss was reported) until `mark_current` or an
@@ -424,10 +421,7 @@ class BlockIndex:
 
     def _set_stale(self, worker: Worker, stale: bool) -> None:
         """The one place the stale workers change: answers carry them."""
-        if stale:
-            self._stale.add(worker)
-        else:
-            self._stale.discard(worker)
+        (self._stale.add if stale else self._stale.discard)(worker)
         self._answers_changed()
 
     def _answers_changed(self) -> None:
@@ -508,18 +502,16 @@ class PrefixIndex(BlockIndex):
         self._holders = holdings
         self._mirror = Mirror(holdings)
         self._matcher = _matcher_for(holdings)
-        # The fast path's one state: the Matcher while a query with no per-block identity is
-        # a usual one (no worker hybrid, none hashing with lookahead, no predictions in
-        # force), None while it is not; set again wherever one of those changes.
+        # The fast path's one state: the Matcher while a query with no per-block identity is a
+        # usual one (no worker hybrid, none hashing with lookahead, no predictions in force)
         self._fast: Matcher | None = None
         holdings.on_workers_changed = self._answers_changed
         predictions.on_in_force_changed = self._fast_path_changed
         self._answers_changed()
 
     def _answers_changed(self) -> None:
-        """Give the Matcher the workers and the answer every usual match starts as, made by
-        `Match`'s constructor (the Matcher copies it, counts filled in), and open or close
-        the fast path."""
+        """Give the Matcher the workers and what each usual answer copies, a `Match` made by its
+        constructor; and open or close the fast path."""
         if self._matcher is not None:
             holdings = self._holdings
             usual = Match({}, frozenset(self._stale), None, None, self.block_size, holdings.known)
@@ -527,6 +519,7 @@ class PrefixIndex(BlockIndex):
         self._fast_path_changed()
 
     def _fast_path_changed(self) -> None:
+        """Called wherever a condition of the fast path changes (see `_fast`)."""
         general = self._holdings.hybrids or self._lookaheads or self._predictions.masks
         self._fast = None if general else self._matcher
 
