@@ -187,9 +187,9 @@ class Holdings:
         self.bits = Bits()
         self.hybrids: dict[Worker, WorkerBlocks] = {}  # the workers with a HybridBlocks
         self.predictions = predictions  # a real block replaces its prediction
-        # what the index does when its workers change, or which of them are hybrid (a
+        # what the index does when its workers, or which of them are hybrid, change (a
         # PrefixIndex tells its Matcher, and opens or closes its fast path)
-        self.on_workers_changed: Callable[[], None] | None = None
+        self.on_answers_changed: Callable[[], None] | None = None
 
     def blocks_of(self, worker: Worker) -> WorkerBlocks:
         worker_blocks = self.workers.get(worker)
@@ -201,12 +201,15 @@ class Holdings:
     def make_hybrid(self, worker: Worker, worker_blocks: WorkerBlocks) -> None:
         """`worker`'s blocks are kept as a hybrid model's (`worker_blocks.hybrid`) from here on."""
         self.hybrids[worker] = worker_blocks
-        self._workers_changed()
+        self._answers_changed()
 
     def _workers_changed(self) -> None:
         self.known = tuple(self.workers)
-        if self.on_workers_changed is not None:
-            self.on_workers_changed()
+        self._answers_changed()
+
+    def _answers_changed(self) -> None:
+        if self.on_answers_changed is not None:
+            self.on_answers_changed()
 
     def __len__(self) -> int:
         """Distinct keys held by any worker (0 where no holders are kept: a journal)."""

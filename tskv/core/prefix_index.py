@@ -421,8 +421,9 @@ class BlockIndex:
 
     def _set_stale(self, worker: Worker, stale: bool) -> None:
         """The one place the stale workers change: answers carry them."""
-        (self._stale.add if stale else self._stale.discard)(worker)
-        self._answers_changed()
+        if (worker in self._stale) != stale:
+            (self._stale.add if stale else self._stale.discard)(worker)
+            self._answers_changed()
 
     def _answers_changed(self) -> None:
         """What a query's answer depends on changed: the workers, the stale ones, which are
@@ -505,7 +506,7 @@ class PrefixIndex(BlockIndex):
         # The fast path's one state: the Matcher while a query with no per-block identity is a
         # usual one (no worker hybrid, none hashing with lookahead, no predictions in force)
         self._fast: Matcher | None = None
-        holdings.on_workers_changed = self._answers_changed
+        holdings.on_answers_changed = self._answers_changed
         predictions.on_in_force_changed = self._fast_path_changed
         self._answers_changed()
 
